@@ -1,0 +1,277 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// Handler serves one request. It is called on its own goroutine per request,
+// may block, and must respect ctx, which is cancelled when the connection
+// closes or the Server closes. body is owned by the handler.
+//
+// A returned *Error (also when wrapped) reaches the caller with its Code and
+// Message intact (Code 0 is sent as CodeInternal); any other error arrives
+// as an *Error with Code CodeInternal and the error text. A handler that
+// panics is answered with CodeInternal and the panic is logged, as
+// net/http does, so one bad request cannot take the process down.
+type Handler func(ctx context.Context, method uint8, body []byte) ([]byte, error)
+
+// Server accepts connections and runs a Handler for each request. Per
+// connection it runs one reader, one writer and one goroutine per request
+// in flight.
+type Server struct {
+	cfg    Config
+	h      Handler
+	ln     net.Listener
+	ctx    context.Context // cancelled by Close: every handler's ctx derives from it
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	conns  map[*serverConn]struct{}
+	closed bool
+
+	wg sync.WaitGroup // accept loop, connection goroutines, handlers
+}
+
+// Listen listens on the TCP address addr ("127.0.0.1:0" picks a free port)
+// and serves h on it until Close. With Config.TLS set, every connection must
+// complete a TLS handshake within DialTimeout.
+func Listen(addr string, cfg Config, h Handler) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, errors.New("transport: Listen needs a non-nil Handler")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen on %s: %w", addr, err)
+	}
+	return Serve(ln, cfg, h)
+}
+
+// Serve is Listen on a listener the caller made, for example one from an
+// in-memory test network. The Server owns ln from then on and closes it in
+// Close, also when Serve fails.
+func Serve(ln net.Listener, cfg Config, h Handler) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if h == nil {
+		ln.Close()
+		return nil, errors.New("transport: Serve needs a non-nil Handler")
+	}
+	cfg = cfg.withDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg:    cfg,
+		h:      h,
+		ln:     ln,
+		ctx:    ctx,
+		cancel: cancel,
+		conns:  make(map[*serverConn]struct{}),
+	}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// Addr returns the address the Server listens on, with the actual port.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Close stops accepting, closes every connection, cancels the ctx of every
+// running handler and waits for all of them to return. It is idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	first := !s.closed
+	s.closed = true
+	conns := make([]*serverConn, 0, len(s.conns))
+	for sc := range s.conns {
+		conns = append(conns, sc)
+	}
+	s.mu.Unlock()
+	var err error
+	if first {
+		s.cancel()
+		if err = s.ln.Close(); errors.Is(err, net.ErrClosed) {
+			err = nil
+		}
+		for _, sc := range conns {
+			sc.conn.Close()
+		}
+	}
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	var backoff time.Duration
+	for {
+		conn, err := s.ln.Accept()
+		if err != nil {
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: back off as net/http
+			// does instead of spinning.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.cfg.Logger.Warn("transport: accept failed", "addr", s.Addr(), "err", err, "retry_in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-s.ctx.Done():
+				return
+			}
+			continue
+		}
+		backoff = 0
+		if s.cfg.TLS != nil {
+			conn = tls.Server(conn, s.cfg.TLS)
+		}
+		ctx, cancel := context.WithCancel(s.ctx)
+		sc := &serverConn{
+			s:      s,
+			conn:   conn,
+			remote: conn.RemoteAddr().String(),
+			ctx:    ctx,
+			cancel: cancel,
+			queue:  make(chan *[]byte, queueLen),
+			slots:  make(chan struct{}, s.cfg.MaxConcurrentRequests),
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			cancel()
+			conn.Close()
+			return
+		}
+		s.conns[sc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go sc.run()
+	}
+}
+
+// serverConn is one accepted connection.
+type serverConn struct {
+	s      *Server
+	conn   net.Conn
+	remote string
+	ctx    context.Context // cancelled when the connection closes
+	cancel context.CancelFunc
+	queue  chan *[]byte  // encoded responses for the writer
+	slots  chan struct{} // one token per running handler
+}
+
+// run reads requests and starts a handler goroutine for each until the
+// connection ends.
+func (sc *serverConn) run() {
+	s := sc.s
+	defer func() {
+		sc.cancel()
+		sc.conn.Close()
+		s.mu.Lock()
+		delete(s.conns, sc)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	log := s.cfg.Logger
+
+	if tc, ok := sc.conn.(*tls.Conn); ok {
+		ctx, cancel := context.WithTimeout(sc.ctx, s.cfg.DialTimeout)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			log.Warn("transport: TLS handshake failed", "peer", sc.remote, "err", err)
+			return
+		}
+	}
+
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := writeLoop(sc.conn, sc.queue, sc.ctx.Done()); err != nil {
+			sc.cancel()
+			sc.conn.Close() // unblocks the reader
+		}
+	}()
+
+	br := bufio.NewReaderSize(sc.conn, readBufSize)
+	for {
+		f, err := ReadFrame(br, s.cfg.MaxFrameSize)
+		if err == nil && f.Kind != KindRequest {
+			err = fmt.Errorf("transport: %w %d from client", errUnexpectedKind, f.Kind)
+		}
+		if err != nil {
+			switch {
+			case isProtocolError(err):
+				log.Error("transport: closing connection after bad frame", "peer", sc.remote, "err", err)
+			case !isClosedConn(err) && sc.ctx.Err() == nil:
+				log.Debug("transport: connection read failed", "peer", sc.remote, "err", err)
+			}
+			return
+		}
+		select {
+		case sc.slots <- struct{}{}:
+		case <-sc.ctx.Done():
+			return
+		}
+		s.wg.Add(1)
+		go sc.handle(f)
+	}
+}
+
+// handle runs the Handler for request f and queues the response.
+func (sc *serverConn) handle(f Frame) {
+	s := sc.s
+	defer func() {
+		<-sc.slots
+		s.wg.Done()
+	}()
+	resp := Frame{Kind: KindResponse, ID: f.ID, Method: f.Method}
+	payload, err := sc.invoke(f)
+	if err != nil {
+		resp.Code, resp.Message = CodeInternal, err.Error()
+		if e := (*Error)(nil); errors.As(err, &e) {
+			resp.Message = e.Message
+			if e.Code != 0 {
+				resp.Code = e.Code
+			}
+		}
+	} else {
+		resp.Payload = payload
+	}
+	buf := getBuf()
+	b, err := EncodeFrame((*buf)[:0], &resp, s.cfg.MaxFrameSize)
+	if err != nil {
+		s.cfg.Logger.Warn("transport: response does not fit in a frame", "peer", sc.remote, "method", f.Method, "err", err)
+		msg := err.Error()
+		resp = Frame{Kind: KindResponse, ID: f.ID, Method: f.Method, Code: CodeInternal, Message: msg[:min(len(msg), minFrameSize/2)]}
+		b, _ = EncodeFrame((*buf)[:0], &resp, s.cfg.MaxFrameSize)
+	}
+	*buf = b
+	select {
+	case sc.queue <- buf:
+	case <-sc.ctx.Done():
+		putBuf(buf)
+	}
+}
+
+// invoke calls the Handler, turning a panic into an error.
+func (sc *serverConn) invoke(f Frame) (payload []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			sc.s.cfg.Logger.Error("transport: handler panicked", "peer", sc.remote, "method", f.Method, "panic", p, "stack", string(debug.Stack()))
+			payload, err = nil, fmt.Errorf("transport: handler panicked: %v", p)
+		}
+	}()
+	return sc.s.h(sc.ctx, f.Method, f.Payload)
+}
