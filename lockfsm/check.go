@@ -1,0 +1,132 @@
+package lockfsm
+
+import (
+	"fmt"
+)
+
+// Verify checks the state's invariants and returns the first violation:
+//   - every key has 1 <= holders <= Limit, or waiters, and never waiters
+//     while it has spare capacity (the queue head would have been granted);
+//   - holders are in grant order: tokens ascend and none exceeds the last
+//     token issued by the shard;
+//   - every holder and waiter is a live attempt of a live session, on that
+//     key, listed exactly once, and every live attempt is listed;
+//   - session counters match their attempts.
+//
+// Load runs it on every snapshot; tests and fuzzers run it after Apply.
+func (s *State) Verify() error {
+	type ref struct{ session, req uint64 }
+	seen := map[ref]bool{}
+	live := 0
+	for key, k := range s.keys {
+		if err := ValidateKey(key); err != nil {
+			return err
+		}
+		if k.limit == 0 {
+			return fmt.Errorf("key %q: limit 0", key)
+		}
+		if len(k.holders) == 0 && len(k.waiters) == 0 {
+			return fmt.Errorf("key %q: kept with no holders and no waiters", key)
+		}
+		if uint64(len(k.holders)) > uint64(k.limit) {
+			return fmt.Errorf("key %q: %d holders, more than its limit %d", key, len(k.holders), k.limit)
+		}
+		if len(k.waiters) > 0 && uint64(len(k.holders)) < uint64(k.limit) {
+			return fmt.Errorf("key %q: %d waiters while only %d of %d slots are held", key, len(k.waiters), len(k.holders), k.limit)
+		}
+		var prev uint64
+		for _, h := range k.holders {
+			if h.token <= prev || h.token > s.lastToken {
+				return fmt.Errorf("key %q: holder (%d,%d) token %d out of order (previous %d, last issued %d)", key, h.session, h.req, h.token, prev, s.lastToken)
+			}
+			prev = h.token
+		}
+		for i, list := range [][]slot{k.holders, k.waiters} {
+			want := ReqHeld
+			if i == 1 {
+				want = ReqWaiting
+			}
+			for _, h := range list {
+				r := ref{h.session, h.req}
+				if seen[r] {
+					return fmt.Errorf("key %q: attempt (%d,%d) listed twice", key, h.session, h.req)
+				}
+				seen[r] = true
+				live++
+				sess := s.sessions[h.session]
+				if sess == nil {
+					return fmt.Errorf("key %q: %v attempt (%d,%d) of unknown session", key, want, h.session, h.req)
+				}
+				at := sess.reqs[h.req]
+				if at == nil || at.state != want || at.key != key || (want == ReqHeld && at.token != h.token) || (want == ReqWaiting && h.token != 0) {
+					return fmt.Errorf("key %q: attempt (%d,%d) listed as %v disagrees with the session's record", key, h.session, h.req, want)
+				}
+			}
+		}
+	}
+	attempts := 0
+	for id, sess := range s.sessions {
+		if err := s.checkSessionID(id); err != nil {
+			return err
+		}
+		if sess.id != id || sess.ttl == 0 || len(sess.owner) > MaxOwnerLen {
+			return fmt.Errorf("session %d: bad id, ttl or owner", id)
+		}
+		held, waiting := 0, 0
+		for req, at := range sess.reqs {
+			if req == 0 {
+				return fmt.Errorf("session %d: attempt with request id 0", id)
+			}
+			switch at.state {
+			case ReqHeld, ReqReleased:
+				if at.token == 0 || at.token > s.lastToken {
+					return fmt.Errorf("session %d: attempt %d: token %d out of range (last issued %d)", id, req, at.token, s.lastToken)
+				}
+			case ReqWaiting, ReqRejected, ReqCancelled:
+				if at.token != 0 {
+					return fmt.Errorf("session %d: attempt %d: %v with token %d", id, req, at.state, at.token)
+				}
+			default:
+				return fmt.Errorf("session %d: attempt %d: unknown state %d", id, req, at.state)
+			}
+			if at.key == "" && at.state != ReqCancelled {
+				return fmt.Errorf("session %d: attempt %d: %v without a key", id, req, at.state)
+			}
+			if at.key != "" {
+				if err := ValidateKey(at.key); err != nil {
+					return fmt.Errorf("session %d: attempt %d: %w", id, req, err)
+				}
+			}
+			if at.last < req {
+				return fmt.Errorf("session %d: attempt %d: last touching request %d below its own id", id, req, at.last)
+			}
+			switch at.state {
+			case ReqHeld:
+				held++
+			case ReqWaiting:
+				waiting++
+			}
+		}
+		if held != sess.held || waiting != sess.waiting {
+			return fmt.Errorf("session %d: counts held %d waiting %d, records say %d and %d", id, sess.held, sess.waiting, held, waiting)
+		}
+		attempts += held + waiting
+	}
+	if attempts != live {
+		return fmt.Errorf("%d live attempts in sessions, %d holders and waiters in keys", attempts, live)
+	}
+	return nil
+}
+
+// checkSessionID reports whether id could have been issued by an entry at
+// or below the current index.
+func (s *State) checkSessionID(id uint64) error {
+	idx := id
+	if id&extraSessionBit != 0 {
+		idx = (id &^ extraSessionBit) >> 12
+	}
+	if idx == 0 || idx > s.index {
+		return fmt.Errorf("session %d: not an id an entry up to index %d could issue", id, s.index)
+	}
+	return nil
+}

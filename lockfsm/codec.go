@@ -1,0 +1,403 @@
+package lockfsm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Wire format (Version 1). Every encoding is one Version byte followed by
+// one msgpack value in canonical form: unsigned ints, string and array
+// lengths in their shortest encoding, booleans as true/false, and records as
+// positional arrays of a fixed length.
+//
+//	commands: [ [op, session, req, ack, key, wait, limit, target, owner, ttlMillis], ... ]
+//	results:  [ [status, session, token, err], ... ]
+//
+// The decoders accept exactly this form, so decoding then encoding gives
+// the input back byte for byte, and they check every length against the
+// input that is left before allocating.
+
+const (
+	commandFields = 10
+	resultFields  = 4
+)
+
+// EncodeCommands encodes a batch for one Raft entry. It fails if the batch is
+// empty or larger than MaxBatch, a key or owner is longer than its limit, or
+// the encoding exceeds MaxEntrySize: whatever it returns decodes.
+func EncodeCommands(cmds []Command) ([]byte, error) {
+	if len(cmds) == 0 {
+		return nil, fmt.Errorf("lockfsm: encode commands: empty batch")
+	}
+	if len(cmds) > MaxBatch {
+		return nil, fmt.Errorf("lockfsm: encode commands: %d commands, more than MaxBatch %d", len(cmds), MaxBatch)
+	}
+	var buf bytes.Buffer
+	buf.WriteByte(Version)
+	e := msgpack.NewEncoder(&buf)
+	_ = e.EncodeArrayLen(len(cmds)) // writes to a bytes.Buffer cannot fail
+	for i := range cmds {
+		c := &cmds[i]
+		if len(c.Key) > MaxKeyLen {
+			return nil, fmt.Errorf("lockfsm: encode commands: command %d: key is %d bytes, longer than MaxKeyLen %d", i, len(c.Key), MaxKeyLen)
+		}
+		if len(c.Owner) > MaxOwnerLen {
+			return nil, fmt.Errorf("lockfsm: encode commands: command %d: owner is %d bytes, longer than MaxOwnerLen %d", i, len(c.Owner), MaxOwnerLen)
+		}
+		_ = e.EncodeArrayLen(commandFields)
+		_ = e.EncodeUint(uint64(c.Op))
+		_ = e.EncodeUint(c.Session)
+		_ = e.EncodeUint(c.Req)
+		_ = e.EncodeUint(c.Ack)
+		_ = e.EncodeString(c.Key)
+		_ = e.EncodeBool(c.Wait)
+		_ = e.EncodeUint(uint64(c.Limit))
+		_ = e.EncodeUint(c.Target)
+		_ = e.EncodeString(c.Owner)
+		_ = e.EncodeUint(c.TTLMillis)
+	}
+	if buf.Len() > MaxEntrySize {
+		return nil, fmt.Errorf("lockfsm: encode commands: %d bytes, more than MaxEntrySize %d", buf.Len(), MaxEntrySize)
+	}
+	return buf.Bytes(), nil
+}
+
+// DecodeCommands decodes what EncodeCommands produced. It never panics, never
+// allocates more than a small multiple of len(b), and returns an error
+// wrapping ErrCorrupt that says where the input is wrong.
+func DecodeCommands(b []byte) ([]Command, error) {
+	d, err := newDecoder(b, MaxEntrySize, "commands")
+	if err != nil {
+		return nil, err
+	}
+	// Each command takes at least commandFields+1 bytes.
+	n, err := d.arrayLen("batch", commandFields+1)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, d.errorf("empty batch")
+	}
+	if n > MaxBatch {
+		return nil, d.errorf("batch of %d commands, more than MaxBatch %d", n, MaxBatch)
+	}
+	cmds := make([]Command, n)
+	for i := range cmds {
+		c := &cmds[i]
+		_ = d.record("command", commandFields) // a failure sticks in d.err
+		op := d.uint("op", math.MaxUint8)
+		c.Op = Op(op)
+		c.Session = d.uint("session", math.MaxUint64)
+		c.Req = d.uint("req", math.MaxUint64)
+		c.Ack = d.uint("ack", math.MaxUint64)
+		c.Key = d.str("key", MaxKeyLen)
+		c.Wait = d.bool("wait")
+		c.Limit = uint32(d.uint("limit", math.MaxUint32))
+		c.Target = d.uint("target", math.MaxUint64)
+		c.Owner = d.str("owner", MaxOwnerLen)
+		c.TTLMillis = d.uint("ttlMillis", math.MaxUint64)
+		if d.err != nil {
+			return nil, fmt.Errorf("%w (command %d)", d.err, i)
+		}
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return cmds, nil
+}
+
+// EncodeResults encodes the results of one entry. It fails if there are more
+// than MaxBatch results or an Err is longer than MaxErrLen.
+func EncodeResults(rs []Result) ([]byte, error) {
+	if len(rs) > MaxBatch {
+		return nil, fmt.Errorf("lockfsm: encode results: %d results, more than MaxBatch %d", len(rs), MaxBatch)
+	}
+	var buf bytes.Buffer
+	buf.WriteByte(Version)
+	e := msgpack.NewEncoder(&buf)
+	_ = e.EncodeArrayLen(len(rs))
+	for i := range rs {
+		r := &rs[i]
+		if len(r.Err) > MaxErrLen {
+			return nil, fmt.Errorf("lockfsm: encode results: result %d: err is %d bytes, longer than MaxErrLen %d", i, len(r.Err), MaxErrLen)
+		}
+		_ = e.EncodeArrayLen(resultFields)
+		_ = e.EncodeUint(uint64(r.Status))
+		_ = e.EncodeUint(r.Session)
+		_ = e.EncodeUint(r.Token)
+		_ = e.EncodeString(r.Err)
+	}
+	return buf.Bytes(), nil
+}
+
+// DecodeResults decodes what EncodeResults produced, with the same
+// guarantees as DecodeCommands.
+func DecodeResults(b []byte) ([]Result, error) {
+	d, err := newDecoder(b, MaxEntrySize, "results")
+	if err != nil {
+		return nil, err
+	}
+	n, err := d.arrayLen("batch", resultFields+1)
+	if err != nil {
+		return nil, err
+	}
+	if n > MaxBatch {
+		return nil, d.errorf("%d results, more than MaxBatch %d", n, MaxBatch)
+	}
+	rs := make([]Result, n)
+	for i := range rs {
+		r := &rs[i]
+		_ = d.record("result", resultFields)
+		r.Status = Status(d.uint("status", math.MaxUint8))
+		r.Session = d.uint("session", math.MaxUint64)
+		r.Token = d.uint("token", math.MaxUint64)
+		r.Err = d.str("err", MaxErrLen)
+		if d.err != nil {
+			return nil, fmt.Errorf("%w (result %d)", d.err, i)
+		}
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return rs, nil
+}
+
+// decoder reads the canonical msgpack subset used here from a byte slice.
+// The first error sticks: later reads return zero values, so record
+// decoding can read all fields and check d.err once.
+type decoder struct {
+	b    []byte
+	pos  int
+	what string
+	err  error
+}
+
+func newDecoder(b []byte, maxSize int, what string) (*decoder, error) {
+	d := &decoder{b: b, what: what}
+	if len(b) > maxSize {
+		return nil, d.errorf("input is %d bytes, more than the limit of %d", len(b), maxSize)
+	}
+	if len(b) == 0 {
+		return nil, d.errorf("empty input")
+	}
+	if b[0] != Version {
+		return nil, fmt.Errorf("lockfsm: decode %s: %w: got version %d, want %d", what, ErrVersion, b[0], Version)
+	}
+	d.pos = 1
+	return d, nil
+}
+
+func (d *decoder) errorf(format string, args ...any) error {
+	return fmt.Errorf("lockfsm: decode %s: %w: at byte %d: %s", d.what, ErrCorrupt, d.pos, fmt.Sprintf(format, args...))
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = d.errorf(format, args...)
+	}
+}
+
+func (d *decoder) remaining() int { return len(d.b) - d.pos }
+
+// take returns the next n bytes, or nil after recording an error.
+func (d *decoder) take(field string, n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n < 0 || n > d.remaining() {
+		d.fail("%s: truncated input: need %d bytes, %d left", field, n, d.remaining())
+		return nil
+	}
+	p := d.b[d.pos : d.pos+n]
+	d.pos += n
+	return p
+}
+
+func (d *decoder) byte1(field string) (byte, bool) {
+	p := d.take(field, 1)
+	if p == nil {
+		return 0, false
+	}
+	return p[0], true
+}
+
+// uint reads a canonical unsigned int no larger than max.
+func (d *decoder) uint(field string, max uint64) uint64 {
+	c, ok := d.byte1(field)
+	if !ok {
+		return 0
+	}
+	var v, min uint64
+	switch {
+	case c <= 0x7f:
+		return d.checkMax(field, uint64(c), max)
+	case c == 0xcc:
+		p := d.take(field, 1)
+		if p == nil {
+			return 0
+		}
+		v, min = uint64(p[0]), 0x80
+	case c == 0xcd:
+		p := d.take(field, 2)
+		if p == nil {
+			return 0
+		}
+		v, min = uint64(binary.BigEndian.Uint16(p)), math.MaxUint8+1
+	case c == 0xce:
+		p := d.take(field, 4)
+		if p == nil {
+			return 0
+		}
+		v, min = uint64(binary.BigEndian.Uint32(p)), math.MaxUint16+1
+	case c == 0xcf:
+		p := d.take(field, 8)
+		if p == nil {
+			return 0
+		}
+		v, min = binary.BigEndian.Uint64(p), math.MaxUint32+1
+	default:
+		d.fail("%s: want an unsigned integer, got msgpack code 0x%02x", field, c)
+		return 0
+	}
+	if v < min {
+		d.fail("%s: integer %d not in its shortest encoding", field, v)
+		return 0
+	}
+	return d.checkMax(field, v, max)
+}
+
+func (d *decoder) checkMax(field string, v, max uint64) uint64 {
+	if v > max {
+		d.fail("%s: %d is out of range (max %d)", field, v, max)
+		return 0
+	}
+	return v
+}
+
+func (d *decoder) bool(field string) bool {
+	c, ok := d.byte1(field)
+	if !ok {
+		return false
+	}
+	switch c {
+	case 0xc2:
+		return false
+	case 0xc3:
+		return true
+	}
+	d.fail("%s: want a boolean, got msgpack code 0x%02x", field, c)
+	return false
+}
+
+// str reads a canonical string of at most max bytes.
+func (d *decoder) str(field string, max int) string {
+	c, ok := d.byte1(field)
+	if !ok {
+		return ""
+	}
+	var n, min int
+	switch {
+	case c >= 0xa0 && c <= 0xbf:
+		n = int(c & 0x1f)
+	case c == 0xd9:
+		p := d.take(field, 1)
+		if p == nil {
+			return ""
+		}
+		n, min = int(p[0]), 32
+	case c == 0xda:
+		p := d.take(field, 2)
+		if p == nil {
+			return ""
+		}
+		n, min = int(binary.BigEndian.Uint16(p)), math.MaxUint8+1
+	case c == 0xdb:
+		p := d.take(field, 4)
+		if p == nil {
+			return ""
+		}
+		n, min = int(binary.BigEndian.Uint32(p)), math.MaxUint16+1
+	default:
+		d.fail("%s: want a string, got msgpack code 0x%02x", field, c)
+		return ""
+	}
+	if n < min {
+		d.fail("%s: string length %d not in its shortest encoding", field, n)
+		return ""
+	}
+	if n > max {
+		d.fail("%s: string of %d bytes, longer than the limit of %d", field, n, max)
+		return ""
+	}
+	p := d.take(field, n)
+	if p == nil {
+		return ""
+	}
+	return string(p)
+}
+
+// arrayLen reads a canonical array header and checks that n elements of at
+// least minElem bytes each fit in the remaining input, before anyone
+// allocates for them.
+func (d *decoder) arrayLen(field string, minElem int) (int, error) {
+	c, ok := d.byte1(field)
+	if !ok {
+		return 0, d.err
+	}
+	var n, min int
+	switch {
+	case c >= 0x90 && c <= 0x9f:
+		n = int(c & 0x0f)
+	case c == 0xdc:
+		p := d.take(field, 2)
+		if p == nil {
+			return 0, d.err
+		}
+		n, min = int(binary.BigEndian.Uint16(p)), 16
+	case c == 0xdd:
+		p := d.take(field, 4)
+		if p == nil {
+			return 0, d.err
+		}
+		n, min = int(binary.BigEndian.Uint32(p)), math.MaxUint16+1
+	default:
+		d.fail("%s: want an array, got msgpack code 0x%02x", field, c)
+		return 0, d.err
+	}
+	if n < min {
+		d.fail("%s: array length %d not in its shortest encoding", field, n)
+		return 0, d.err
+	}
+	if n > d.remaining()/minElem {
+		d.fail("%s: array of %d elements cannot fit in the %d bytes left", field, n, d.remaining())
+		return 0, d.err
+	}
+	return n, nil
+}
+
+// record reads the header of a positional record of exactly fields fields.
+func (d *decoder) record(field string, fields int) error {
+	n, err := d.arrayLen(field, 1)
+	if err != nil {
+		return err
+	}
+	if n != fields {
+		d.fail("%s: record of %d fields, want %d", field, n, fields)
+		return d.err
+	}
+	return nil
+}
+
+func (d *decoder) end() error {
+	if d.err != nil {
+		return d.err
+	}
+	if d.remaining() != 0 {
+		return d.errorf("%d trailing bytes", d.remaining())
+	}
+	return nil
+}

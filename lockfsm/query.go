@@ -1,0 +1,134 @@
+package lockfsm
+
+import (
+	"cmp"
+	"slices"
+)
+
+// RequestInfo describes one lock attempt.
+type RequestInfo struct {
+	// Found is false when the attempt is unknown: never made, or terminal
+	// and pruned after the client acknowledged it.
+	Found bool
+	// Key is the locked key; empty for the tombstone of a Cancel that
+	// arrived before its Acquire.
+	Key   string
+	State ReqState
+	// Token is the fencing token of the grant, once granted (also after release).
+	Token uint64
+}
+
+// Request returns the state of the attempt (session, req). sessionFound is
+// false when the session is unknown (expired or closed), in which case the
+// attempt holds and awaits nothing.
+func (s *State) Request(session, req uint64) (info RequestInfo, sessionFound bool) {
+	sess := s.sessions[session]
+	if sess == nil {
+		return RequestInfo{}, false
+	}
+	at := sess.reqs[req]
+	if at == nil {
+		return RequestInfo{}, true
+	}
+	return RequestInfo{Found: true, Key: at.key, State: at.state, Token: at.token}, true
+}
+
+// Holder is a holder or waiter of a key. Waiters have Token 0.
+type Holder struct {
+	Session, Req, Token uint64
+	Owner               string
+}
+
+// KeyInfo describes a key that is held or waited for.
+type KeyInfo struct {
+	Key   string
+	Limit uint32
+	// Holders in grant order (ascending tokens).
+	Holders []Holder
+	// Waiters in FIFO order: the first is granted next.
+	Waiters []Holder
+}
+
+// Key returns the holders and waiters of key. ok is false when nobody holds
+// or waits for it (such keys are not stored).
+func (s *State) Key(key string) (info KeyInfo, ok bool) {
+	k := s.keys[key]
+	if k == nil {
+		return KeyInfo{}, false
+	}
+	info = KeyInfo{Key: key, Limit: k.limit, Holders: s.holders(k.holders), Waiters: s.holders(k.waiters)}
+	return info, true
+}
+
+func (s *State) holders(slots []slot) []Holder {
+	if len(slots) == 0 {
+		return nil
+	}
+	out := make([]Holder, len(slots))
+	for i, h := range slots {
+		out[i] = Holder{Session: h.session, Req: h.req, Token: h.token}
+		if sess := s.sessions[h.session]; sess != nil {
+			out[i].Owner = sess.owner
+		}
+	}
+	return out
+}
+
+// SessionInfo describes a live session.
+type SessionInfo struct {
+	ID        uint64
+	Owner     string
+	TTLMillis uint64
+	// Held and Waiting count the session's live attempts.
+	Held, Waiting int
+}
+
+func (sess *session) info() SessionInfo {
+	return SessionInfo{ID: sess.id, Owner: sess.owner, TTLMillis: sess.ttl, Held: sess.held, Waiting: sess.waiting}
+}
+
+// Sessions returns every live session sorted by ID. The leader uses it to
+// start a keepalive timer for each after it takes over.
+func (s *State) Sessions() []SessionInfo {
+	out := make([]SessionInfo, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		out = append(out, sess.info())
+	}
+	slices.SortFunc(out, func(a, b SessionInfo) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Session returns the live session id; ok is false if it is unknown.
+func (s *State) Session(id uint64) (info SessionInfo, ok bool) {
+	sess := s.sessions[id]
+	if sess == nil {
+		return SessionInfo{}, false
+	}
+	return sess.info(), true
+}
+
+// Stats counts what the state holds.
+type Stats struct {
+	// Index is the last applied entry index.
+	Index uint64
+	// Sessions, Keys, Holders and Waiters count live sessions, keys held or
+	// waited for, holders and waiters across keys.
+	Sessions, Keys, Holders, Waiters int
+	// Attempts counts remembered attempts, live and terminal (the dedup table).
+	Attempts int
+	// NextToken is the fencing token the next grant of this shard will get.
+	NextToken uint64
+}
+
+// Stats returns counts of the state's contents.
+func (s *State) Stats() Stats {
+	st := Stats{Index: s.index, Sessions: len(s.sessions), Keys: len(s.keys), NextToken: s.lastToken + 1}
+	for _, k := range s.keys {
+		st.Holders += len(k.holders)
+		st.Waiters += len(k.waiters)
+	}
+	for _, sess := range s.sessions {
+		st.Attempts += len(sess.reqs)
+	}
+	return st
+}

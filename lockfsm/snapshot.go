@@ -1,0 +1,271 @@
+package lockfsm
+
+import (
+	"bufio"
+	"cmp"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Snapshot format (Version 1): the Version byte, then one canonical msgpack
+// array (see the wire format in codec.go):
+//
+//	[index, lastToken, sessions, keys]
+//	session: [id, owner, ttlMillis, ack, attempts]   sessions sorted by id
+//	attempt: [req, key, state, token, last]          attempts sorted by req
+//	key:     [key, limit, holders, waiters]          keys sorted by bytes
+//	holder:  [session, req, token]                   in grant order
+//	waiter:  [session, req]                          in FIFO order
+//
+// Sorted order and shortest encodings make the snapshot a function of the
+// state alone: equal states give equal bytes, and Load accepts only that
+// form, so Save after Load reproduces the input exactly.
+
+const (
+	snapshotFields = 4
+	sessionFields  = 5
+	attemptFields  = 5
+	keyFields      = 4
+	holderFields   = 3
+	waiterFields   = 2
+)
+
+// Save writes the canonical snapshot of the state to w. The bytes depend
+// only on the state, never on map order or history.
+func (s *State) Save(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	if err := bw.WriteByte(Version); err != nil {
+		return fmt.Errorf("lockfsm: save snapshot: %w", err)
+	}
+	e := stickyEncoder{e: msgpack.NewEncoder(bw)}
+	e.arrayLen(snapshotFields)
+	e.uint(s.index)
+	e.uint(s.lastToken)
+
+	ids := make([]uint64, 0, len(s.sessions))
+	for id := range s.sessions {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	e.arrayLen(len(ids))
+	reqs := []uint64{}
+	for _, id := range ids {
+		sess := s.sessions[id]
+		e.arrayLen(sessionFields)
+		e.uint(sess.id)
+		e.str(sess.owner)
+		e.uint(sess.ttl)
+		e.uint(sess.ack)
+		reqs = reqs[:0]
+		for req := range sess.reqs {
+			reqs = append(reqs, req)
+		}
+		slices.Sort(reqs)
+		e.arrayLen(len(reqs))
+		for _, req := range reqs {
+			at := sess.reqs[req]
+			e.arrayLen(attemptFields)
+			e.uint(req)
+			e.str(at.key)
+			e.uint(uint64(at.state))
+			e.uint(at.token)
+			e.uint(at.last)
+		}
+	}
+
+	keys := make([]string, 0, len(s.keys))
+	for key := range s.keys {
+		keys = append(keys, key)
+	}
+	slices.Sort(keys)
+	e.arrayLen(len(keys))
+	for _, key := range keys {
+		k := s.keys[key]
+		e.arrayLen(keyFields)
+		e.str(key)
+		e.uint(uint64(k.limit))
+		e.arrayLen(len(k.holders))
+		for _, h := range k.holders {
+			e.arrayLen(holderFields)
+			e.uint(h.session)
+			e.uint(h.req)
+			e.uint(h.token)
+		}
+		e.arrayLen(len(k.waiters))
+		for _, h := range k.waiters {
+			e.arrayLen(waiterFields)
+			e.uint(h.session)
+			e.uint(h.req)
+		}
+	}
+	if e.err != nil {
+		return fmt.Errorf("lockfsm: save snapshot: %w", e.err)
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("lockfsm: save snapshot: %w", err)
+	}
+	return nil
+}
+
+// stickyEncoder keeps the first write error so Save checks once.
+type stickyEncoder struct {
+	e   *msgpack.Encoder
+	err error
+}
+
+func (e *stickyEncoder) arrayLen(n int) {
+	if e.err == nil {
+		e.err = e.e.EncodeArrayLen(n)
+	}
+}
+
+func (e *stickyEncoder) uint(v uint64) {
+	if e.err == nil {
+		e.err = e.e.EncodeUint(v)
+	}
+}
+
+func (e *stickyEncoder) str(v string) {
+	if e.err == nil {
+		e.err = e.e.EncodeString(v)
+	}
+}
+
+// Load replaces the whole state with the snapshot read from r. It reads at
+// most MaxSnapshotSize bytes, checks every length against the input before
+// allocating, accepts only the canonical form Save writes, and verifies the
+// invariants (see Verify). On error the state is left unchanged and the
+// error wraps ErrCorrupt or ErrVersion, or is the reader's error.
+func (s *State) Load(r io.Reader) error {
+	b, err := io.ReadAll(io.LimitReader(r, MaxSnapshotSize+1))
+	if err != nil {
+		return fmt.Errorf("lockfsm: load snapshot: %w", err)
+	}
+	ns, err := decodeSnapshot(b)
+	if err != nil {
+		return err
+	}
+	*s = *ns
+	return nil
+}
+
+func decodeSnapshot(b []byte) (*State, error) {
+	d, err := newDecoder(b, MaxSnapshotSize, "snapshot")
+	if err != nil {
+		return nil, err
+	}
+	if err := d.record("snapshot", snapshotFields); err != nil {
+		return nil, err
+	}
+	s := New()
+	s.index = d.uint("index", math.MaxUint64)
+	s.lastToken = d.uint("lastToken", math.MaxUint64)
+	if d.err != nil {
+		return nil, d.err
+	}
+
+	// Smallest session: header, id, owner, ttl, ack, attempts = 6 bytes.
+	n, err := d.arrayLen("sessions", sessionFields+1)
+	if err != nil {
+		return nil, err
+	}
+	var prevID uint64
+	for i := 0; i < n; i++ {
+		_ = d.record("session", sessionFields)
+		sess := &session{}
+		sess.id = d.uint("session id", math.MaxUint64)
+		sess.owner = d.str("owner", MaxOwnerLen)
+		sess.ttl = d.uint("ttl", math.MaxUint64)
+		sess.ack = d.uint("ack", math.MaxUint64)
+		if d.err != nil {
+			return nil, d.err
+		}
+		if i > 0 && sess.id <= prevID {
+			return nil, d.errorf("session %d not in ascending order after %d", sess.id, prevID)
+		}
+		prevID = sess.id
+		m, err := d.arrayLen("attempts", attemptFields+1)
+		if err != nil {
+			return nil, err
+		}
+		sess.reqs = make(map[uint64]*attempt, m)
+		var prevReq uint64
+		for j := 0; j < m; j++ {
+			_ = d.record("attempt", attemptFields)
+			req := d.uint("req", math.MaxUint64)
+			at := &attempt{}
+			at.key = d.str("key", MaxKeyLen)
+			at.state = ReqState(d.uint("state", math.MaxUint8))
+			at.token = d.uint("token", math.MaxUint64)
+			at.last = d.uint("last", math.MaxUint64)
+			if d.err != nil {
+				return nil, d.err
+			}
+			if j > 0 && req <= prevReq {
+				return nil, d.errorf("session %d: attempt %d not in ascending order after %d", sess.id, req, prevReq)
+			}
+			prevReq = req
+			sess.reqs[req] = at
+			switch at.state {
+			case ReqHeld:
+				sess.held++
+			case ReqWaiting:
+				sess.waiting++
+			}
+		}
+		s.sessions[sess.id] = sess
+	}
+
+	n, err = d.arrayLen("keys", keyFields+1)
+	if err != nil {
+		return nil, err
+	}
+	var prevKey string
+	for i := 0; i < n; i++ {
+		_ = d.record("key", keyFields)
+		key := d.str("key", MaxKeyLen)
+		k := &lockKey{limit: uint32(d.uint("limit", math.MaxUint32))}
+		if d.err != nil {
+			return nil, d.err
+		}
+		if i > 0 && cmp.Compare(key, prevKey) <= 0 {
+			return nil, d.errorf("key %q not in ascending order after %q", key, prevKey)
+		}
+		prevKey = key
+		if k.holders, err = decodeSlots(d, "holders", holderFields); err != nil {
+			return nil, err
+		}
+		if k.waiters, err = decodeSlots(d, "waiters", waiterFields); err != nil {
+			return nil, err
+		}
+		s.keys[key] = k
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	if err := s.Verify(); err != nil {
+		return nil, fmt.Errorf("lockfsm: decode snapshot: %w: inconsistent state: %v", ErrCorrupt, err)
+	}
+	return s, nil
+}
+
+func decodeSlots(d *decoder, field string, fields int) ([]slot, error) {
+	n, err := d.arrayLen(field, fields+1)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	out := make([]slot, n)
+	for i := range out {
+		_ = d.record(field, fields)
+		out[i].session = d.uint("session", math.MaxUint64)
+		out[i].req = d.uint("req", math.MaxUint64)
+		if fields == holderFields {
+			out[i].token = d.uint("token", math.MaxUint64)
+		}
+	}
+	return out, d.err
+}
