@@ -1,0 +1,26 @@
+// Package mesh is lockmesh's membership layer: a thin wrapper around
+// hashicorp/memberlist that gives every peer a gossiped view of the others.
+//
+// It provides
+//
+//   - gossip membership: [Create] starts the local peer, [Mesh.Join] contacts
+//     existing peers, [Mesh.Leave] and [Mesh.Close] take it out again;
+//   - node metadata: each peer gossips a small [Meta] (dragonboat NodeHostID,
+//     raft and RPC addresses, protocol version, cluster id), encoded with
+//     [EncodeMeta] and decoded defensively with [DecodeMeta];
+//   - member events: [Config.OnEvent] receives [Event]s in order from one
+//     goroutine, fed by an unbounded queue so memberlist is never blocked;
+//   - gossip encryption: [Config.SecretKey] turns on AES-GCM encryption and
+//     rejects unencrypted traffic in both directions;
+//   - a dragonboat node registry ([Mesh.NodeRegistryFactory], [Registry]) that
+//     resolves raft targets (NodeHostIDs) to the raft address the owning peer
+//     gossips, for use with NodeHostConfig.Expert.NodeRegistryFactory and
+//     AddressByNodeHostID;
+//   - placement: [Replicas] is a pure rendezvous-hashing function that maps a
+//     shard to the peers that should host its replicas.
+//
+// memberlist's own logging is routed through the [log/slog] logger from
+// [Config.Logger]; the package never writes to stdout or stderr.
+//
+// mesh imports no other lockmesh package.
+package mesh

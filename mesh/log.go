@@ -1,0 +1,52 @@
+package mesh
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+)
+
+// slogWriter turns memberlist's *log.Logger output ("[LEVEL] memberlist: msg")
+// into slog records, so nothing reaches stderr.
+type slogWriter struct {
+	log *slog.Logger
+}
+
+// Write handles one or more newline-terminated lines. It never fails, so
+// memberlist's logger never sees an error.
+func (w slogWriter) Write(p []byte) (int, error) {
+	for line := range bytes.Lines(p) {
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			continue
+		}
+		level, msg := parseLogLine(line)
+		if w.log.Enabled(context.Background(), level) {
+			w.log.Log(context.Background(), level, msg, "component", "memberlist")
+		}
+	}
+	return len(p), nil
+}
+
+// parseLogLine maps memberlist's level prefix to a slog level and strips
+// it and the "memberlist: " prefix. Lines without a prefix are Info.
+func parseLogLine(line []byte) (slog.Level, string) {
+	level := slog.LevelInfo
+	if bytes.HasPrefix(line, []byte("[")) {
+		if end := bytes.IndexByte(line, ']'); end > 0 {
+			switch string(line[1:end]) {
+			case "TRACE", "DEBUG":
+				level = slog.LevelDebug
+			case "INFO":
+				level = slog.LevelInfo
+			case "WARN", "WARNING":
+				level = slog.LevelWarn
+			case "ERR", "ERROR":
+				level = slog.LevelError
+			}
+			line = bytes.TrimLeft(line[end+1:], " ")
+		}
+	}
+	line = bytes.TrimPrefix(line, []byte("memberlist: "))
+	return level, string(line)
+}

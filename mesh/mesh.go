@@ -1,0 +1,432 @@
+package mesh
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/lni/dragonboat/v4/config"
+)
+
+// Join retry backoff bounds.
+const (
+	joinBackoffMin = 100 * time.Millisecond
+	joinBackoffMax = 5 * time.Second
+)
+
+// Mesh is this peer's membership in the gossip mesh. Its methods are safe
+// for concurrent use.
+type Mesh struct {
+	cfg  Config
+	log  *slog.Logger
+	list *memberlist.Memberlist
+	// events is nil when Config.OnEvent is nil.
+	events *eventQueue
+
+	metaMu    sync.Mutex
+	meta      Meta
+	metaBytes []byte
+
+	// viewMu guards the members whose metadata decodes and that are not
+	// dead or left, indexed by name and by NodeHostID, as memberlist's
+	// event callbacks report them. The registry resolves from it.
+	viewMu   sync.RWMutex
+	view     map[string]Member
+	byHostID map[string]string // NodeHostID -> member name
+
+	// closeMu orders Join's WaitGroup.Add before Close's Wait.
+	closeMu sync.RWMutex
+	closed  bool
+	joins   sync.WaitGroup
+}
+
+// Create validates cfg and starts the local peer: it binds the gossip
+// address and becomes a mesh of one. Call [Mesh.Join] to contact others and
+// [Mesh.Close] to stop. The first [EventJoin] (for this peer itself) may be
+// delivered before Create returns.
+func Create(cfg Config) (*Mesh, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.BindAddr == "" {
+		cfg.BindAddr = DefaultBindAddr
+	}
+	if cfg.BroadcastTimeout == 0 {
+		cfg.BroadcastTimeout = DefaultBroadcastTimeout
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	metaBytes, err := EncodeMeta(cfg.Meta)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: %w", err) // unreachable: Validate checked it
+	}
+	m := &Mesh{
+		cfg:       cfg,
+		log:       logger,
+		meta:      cfg.Meta,
+		metaBytes: metaBytes,
+		view:      make(map[string]Member),
+		byHostID:  make(map[string]string),
+	}
+	if cfg.OnEvent != nil {
+		m.events = newEventQueue(cfg.OnEvent, logger)
+	}
+
+	mc := memberlist.DefaultLANConfig()
+	if cfg.Local {
+		mc = memberlist.DefaultLocalConfig()
+	}
+	mc.Name = cfg.Name
+	host, port, _ := splitHostPort(cfg.BindAddr) // validated
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	mc.BindAddr, mc.BindPort = host, port
+	mc.AdvertiseAddr, mc.AdvertisePort = "", port
+	if cfg.AdvertiseAddr != "" {
+		mc.AdvertiseAddr, mc.AdvertisePort, _ = splitHostPort(cfg.AdvertiseAddr) // validated
+	}
+	if len(cfg.SecretKey) > 0 {
+		mc.SecretKey = slices.Clone(cfg.SecretKey)
+		mc.GossipVerifyIncoming = true
+		mc.GossipVerifyOutgoing = true
+	}
+	mc.Delegate = delegate{m}
+	mc.Events = eventDelegate{m}
+	mc.LogOutput = nil
+	mc.Logger = log.New(slogWriter{logger}, "", 0)
+
+	list, err := memberlist.Create(mc)
+	if err != nil {
+		if m.events != nil {
+			m.events.close()
+		}
+		return nil, fmt.Errorf("mesh: start gossip on %s: %w", cfg.BindAddr, err)
+	}
+	m.list = list
+	return m, nil
+}
+
+// Join contacts the given gossip addresses (host:port) and merges their
+// view of the mesh into this peer's. It retries the whole list with
+// exponential backoff until at least one address answers, and returns how
+// many did. It returns (0, nil) for an empty list (the first peer of a
+// mesh has nobody to join). When ctx ends first, the error wraps ctx.Err()
+// and says why the last attempt failed; an attempt already in flight keeps
+// running in the background (bounded by memberlist's TCP timeout) and may
+// still join. Peers with a different or missing SecretKey never answer.
+func (m *Mesh) Join(ctx context.Context, addrs []string) (int, error) {
+	if len(addrs) == 0 {
+		return 0, nil
+	}
+	backoff := joinBackoffMin
+	for attempt := 1; ; attempt++ {
+		n, err := m.joinOnce(ctx, addrs)
+		if n > 0 {
+			if err != nil {
+				m.log.Debug("mesh: joined, some addresses did not answer", "joined", n, "err", err)
+			}
+			return n, nil
+		}
+		if errors.Is(err, ErrClosed) {
+			return 0, err
+		}
+		if err == nil {
+			err = errors.New("no address answered")
+		}
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("mesh: join %v: %w (after %d attempts; last: %v)", addrs, ctx.Err(), attempt, err)
+		}
+		m.log.Debug("mesh: join attempt failed, retrying", "addrs", addrs, "attempt", attempt, "backoff", backoff, "err", err)
+		// Full jitter keeps peers started together from retrying in step.
+		wait := backoff/2 + rand.N(backoff/2+1)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("mesh: join %v: %w (after %d attempts; last: %v)", addrs, ctx.Err(), attempt, err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, joinBackoffMax)
+	}
+}
+
+// joinOnce runs one memberlist.Join, which cannot be cancelled, on a
+// goroutine Close waits for, so that Join itself honours ctx.
+func (m *Mesh) joinOnce(ctx context.Context, addrs []string) (int, error) {
+	m.closeMu.RLock()
+	if m.closed {
+		m.closeMu.RUnlock()
+		return 0, ErrClosed
+	}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	m.joins.Add(1)
+	m.closeMu.RUnlock()
+	go func() {
+		defer m.joins.Done()
+		n, err := m.list.Join(addrs)
+		done <- result{n, err}
+	}()
+	select {
+	case r := <-done:
+		return r.n, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// LocalName returns this peer's name.
+func (m *Mesh) LocalName() string { return m.cfg.Name }
+
+// Addr returns the gossip host:port other peers reach this one at (the
+// advertised address, with the real port when BindAddr asked for port 0).
+func (m *Mesh) Addr() string { return m.list.LocalNode().Address() }
+
+// LocalMeta returns the metadata this peer currently gossips.
+func (m *Mesh) LocalMeta() Meta {
+	m.metaMu.Lock()
+	defer m.metaMu.Unlock()
+	return m.meta
+}
+
+// Members returns the live (alive or suspect) members whose metadata
+// decodes, this peer included until it leaves, sorted by Name.
+func (m *Mesh) Members() []Member {
+	nodes := m.list.Members()
+	out := make([]Member, 0, len(nodes))
+	for _, n := range nodes {
+		if mem, ok := memberOf(n); ok {
+			out = append(out, mem)
+		}
+	}
+	slices.SortFunc(out, func(a, b Member) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Member returns the live member called name, if there is one and its
+// metadata decodes.
+func (m *Mesh) Member(name string) (Member, bool) {
+	for _, n := range m.list.Members() {
+		if n.Name == name {
+			return memberOf(n)
+		}
+	}
+	return Member{}, false
+}
+
+func memberOf(n *memberlist.Node) (Member, bool) {
+	meta, err := DecodeMeta(n.Meta)
+	if err != nil {
+		return Member{}, false
+	}
+	return Member{Name: n.Name, Addr: n.Address(), Meta: meta, State: stateOf(n.State)}, true
+}
+
+// SetMeta replaces the metadata this peer gossips and broadcasts it. It
+// returns once the update has been gossiped, or with an error after
+// Config.BroadcastTimeout; the new metadata is set locally either way and
+// still spreads through periodic state exchange. It fails with
+// [ErrMetaTooLarge] when meta does not fit and [ErrClosed] after Close.
+func (m *Mesh) SetMeta(meta Meta) error {
+	b, err := EncodeMeta(meta)
+	if err != nil {
+		return fmt.Errorf("mesh: set metadata: %w", err)
+	}
+	if m.isClosed() {
+		return ErrClosed
+	}
+	m.metaMu.Lock()
+	m.meta, m.metaBytes = meta, b
+	m.metaMu.Unlock()
+	if err := m.list.UpdateNode(m.cfg.BroadcastTimeout); err != nil {
+		return fmt.Errorf("mesh: broadcast metadata (set locally, will spread by push-pull): %w", err)
+	}
+	return nil
+}
+
+// Leave tells the other peers this one is leaving, waiting up to timeout
+// for the message to go out, so they see it as left rather than dead. The
+// peer keeps running until Close; call Close afterwards.
+func (m *Mesh) Leave(timeout time.Duration) error {
+	if m.isClosed() {
+		return ErrClosed
+	}
+	if err := m.list.Leave(timeout); err != nil {
+		return fmt.Errorf("mesh: leave: %w", err)
+	}
+	return nil
+}
+
+// Close stops gossip without telling the others (call Leave first for a
+// graceful exit): it closes the gossip sockets, waits for background join
+// attempts and for an OnEvent call in progress, and drops undelivered
+// events. It is idempotent; later calls return nil.
+func (m *Mesh) Close() error {
+	m.closeMu.Lock()
+	if m.closed {
+		m.closeMu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.closeMu.Unlock()
+
+	err := m.list.Shutdown()
+	m.joins.Wait()
+	if m.events != nil {
+		m.events.close()
+	}
+	if err != nil {
+		return fmt.Errorf("mesh: shutdown: %w", err)
+	}
+	return nil
+}
+
+func (m *Mesh) isClosed() bool {
+	m.closeMu.RLock()
+	defer m.closeMu.RUnlock()
+	return m.closed
+}
+
+// NodeRegistryFactory returns a factory for dragonboat's
+// NodeHostConfig.Expert.NodeRegistryFactory. Use it with
+// NodeHostConfig.AddressByNodeHostID = true: raft targets are NodeHostIDs,
+// and the registry resolves each to the RaftAddr gossiped by the live
+// member whose Meta.NodeHostID matches. Resolution follows the gossip view
+// as it changes; before a peer is seen, Resolve fails with
+// [ErrUnknownTarget] and dragonboat retries. Closing the registry does not
+// close the Mesh.
+func (m *Mesh) NodeRegistryFactory() config.NodeRegistryFactory {
+	return registryFactory{m}
+}
+
+// lookupRaftAddr resolves a NodeHostID through the gossip view.
+func (m *Mesh) lookupRaftAddr(nodeHostID string) (string, bool) {
+	m.viewMu.RLock()
+	defer m.viewMu.RUnlock()
+	name, ok := m.byHostID[nodeHostID]
+	if !ok {
+		return "", false
+	}
+	addr := m.view[name].Meta.RaftAddr
+	return addr, addr != ""
+}
+
+// observe applies one memberlist notification to the view and queues the
+// matching event. It runs on memberlist's goroutines, often under
+// memberlist's locks, so it must not block or call back into memberlist.
+func (m *Mesh) observe(n *memberlist.Node, gone bool) {
+	mem := Member{Name: n.Name, Addr: n.Address(), State: stateOf(n.State)}
+	var decodeErr error
+	if !gone {
+		mem.Meta, decodeErr = DecodeMeta(n.Meta)
+	}
+
+	m.viewMu.Lock()
+	defer m.viewMu.Unlock()
+	old, had := m.view[n.Name]
+	var ev Event
+	switch {
+	case gone || decodeErr != nil:
+		if decodeErr != nil {
+			m.log.Warn("mesh: ignoring member with undecodable metadata",
+				"member", n.Name, "addr", mem.Addr, "err", decodeErr)
+		}
+		if !had {
+			return
+		}
+		m.forget(old)
+		mem.Meta = old.Meta
+		ev = Event{Kind: EventLeave, Member: mem}
+	case !had:
+		m.remember(mem)
+		ev = Event{Kind: EventJoin, Member: mem}
+	default:
+		m.forget(old)
+		m.remember(mem)
+		if old.Meta == mem.Meta && old.Addr == mem.Addr {
+			return
+		}
+		ev = Event{Kind: EventUpdate, Member: mem}
+	}
+	// Queued under viewMu so events come out in the order the view changed.
+	if m.events != nil {
+		m.events.push(ev)
+	}
+}
+
+// remember adds mem to the view. viewMu must be held.
+func (m *Mesh) remember(mem Member) {
+	m.view[mem.Name] = mem
+	if id := mem.Meta.NodeHostID; id != "" {
+		if other, ok := m.byHostID[id]; ok && other != mem.Name {
+			m.log.Warn("mesh: two members gossip the same NodeHostID; resolving to the newer",
+				"node_host_id", id, "old", other, "new", mem.Name)
+		}
+		m.byHostID[id] = mem.Name
+	}
+}
+
+// forget removes mem from the view. If another member gossips the same
+// NodeHostID (a peer restarted under a new name), the index falls back to
+// it. viewMu must be held.
+func (m *Mesh) forget(mem Member) {
+	delete(m.view, mem.Name)
+	id := mem.Meta.NodeHostID
+	if id == "" || m.byHostID[id] != mem.Name {
+		return
+	}
+	delete(m.byHostID, id)
+	for name, other := range m.view {
+		if other.Meta.NodeHostID == id {
+			m.byHostID[id] = name
+			return
+		}
+	}
+}
+
+// delegate serves memberlist's Delegate calls; only NodeMeta does work.
+type delegate struct{ m *Mesh }
+
+// NodeMeta returns the encoded local metadata. EncodeMeta guarantees it
+// fits in MetaMaxSize, which is the limit memberlist passes.
+func (d delegate) NodeMeta(limit int) []byte {
+	d.m.metaMu.Lock()
+	defer d.m.metaMu.Unlock()
+	if len(d.m.metaBytes) > limit {
+		d.m.log.Error("mesh: metadata exceeds memberlist limit, gossiping none",
+			"size", len(d.m.metaBytes), "limit", limit)
+		return nil
+	}
+	return slices.Clone(d.m.metaBytes)
+}
+
+func (delegate) NotifyMsg([]byte)                       {}
+func (delegate) GetBroadcasts(int, int) [][]byte        { return nil }
+func (delegate) LocalState(bool) []byte                 { return nil }
+func (delegate) MergeRemoteState(buf []byte, join bool) {}
+
+// eventDelegate feeds memberlist's notifications to Mesh.observe.
+type eventDelegate struct{ m *Mesh }
+
+func (e eventDelegate) NotifyJoin(n *memberlist.Node)   { e.m.observe(n, false) }
+func (e eventDelegate) NotifyLeave(n *memberlist.Node)  { e.m.observe(n, true) }
+func (e eventDelegate) NotifyUpdate(n *memberlist.Node) { e.m.observe(n, false) }
+
+var (
+	_ memberlist.Delegate      = delegate{}
+	_ memberlist.EventDelegate = eventDelegate{}
+)
