@@ -1,0 +1,412 @@
+package lockfsm
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Sessions opened by every table case before its steps: A at index 1, B at 2,
+// C at 3, owned by nodes "na", "nb", "nc".
+const (
+	A = 1
+	B = 2
+	C = 3
+)
+
+func acq(sess, req uint64, key string, wait bool) Command {
+	return Command{Op: OpAcquire, Session: sess, Req: req, Key: key, Wait: wait}
+}
+
+func sem(sess, req uint64, key string, limit uint32) Command {
+	return Command{Op: OpAcquire, Session: sess, Req: req, Key: key, Wait: true, Limit: limit}
+}
+
+func rel(sess, target uint64) Command {
+	return Command{Op: OpRelease, Session: sess, Target: target}
+}
+
+func cancel(sess, target uint64) Command {
+	return Command{Op: OpCancel, Session: sess, Target: target}
+}
+
+func expire(sess uint64) Command { return Command{Op: OpExpireSession, Session: sess} }
+func closeS(sess uint64) Command { return Command{Op: OpCloseSession, Session: sess} }
+
+var (
+	ok        = Result{Status: StatusOK}
+	queued    = Result{Status: StatusQueued}
+	locked    = Result{Status: StatusLocked}
+	cancelled = Result{Status: StatusCancelled}
+	notHeld   = Result{Status: StatusNotHeld}
+	noSession = Result{Status: StatusNoSession}
+	bad       = Result{Status: StatusInvalid, Err: "*"} // any non-empty Err
+)
+
+func granted(tok uint64) Result  { return Result{Status: StatusGranted, Token: tok} }
+func released(tok uint64) Result { return Result{Status: StatusReleased, Token: tok} }
+func okTok(tok uint64) Result    { return Result{Status: StatusOK, Token: tok} }
+
+var owners = map[uint64]string{A: "na", B: "nb", C: "nc"}
+
+func g(key string, sess, req, tok uint64) Grant {
+	return Grant{Key: key, Session: sess, Req: req, Token: tok, Owner: owners[sess]}
+}
+
+// step applies one entry. want is 1:1 with cmds; grants nil means none.
+type step struct {
+	cmds   []Command
+	want   []Result
+	grants []Grant
+}
+
+func one(c Command, want Result, grants ...Grant) step {
+	return step{cmds: []Command{c}, want: []Result{want}, grants: grants}
+}
+
+type tcase struct {
+	name  string
+	steps []step
+	check func(t *testing.T, s *State)
+}
+
+func TestApplyTable(t *testing.T) {
+	long := strings.Repeat("k", MaxKeyLen)
+	cases := []tcase{
+		{name: "acquire free key grants token 1", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+		}, check: func(t *testing.T, s *State) {
+			info, ok := s.Key("x")
+			if !ok || info.Limit != 1 || len(info.Holders) != 1 || info.Holders[0] != (Holder{A, 1, 1, "na"}) {
+				t.Errorf("Key(x) = %+v, %v", info, ok)
+			}
+		}},
+		{name: "same session second attempt waits, no reentrancy", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(A, 2, "x", true), queued),
+			one(rel(A, 1), okTok(1), g("x", A, 2, 2)),
+		}},
+		{name: "other session waits and gets a higher token on release", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			one(rel(A, 1), okTok(1), g("x", B, 1, 2)),
+			one(rel(A, 1), okTok(1)), // idempotent, no second hand-off
+			one(rel(B, 1), okTok(2)),
+		}, check: func(t *testing.T, s *State) {
+			if _, ok := s.Key("x"); ok {
+				t.Errorf("key x kept with no holders")
+			}
+			if st := s.Stats(); st.Keys != 0 || st.Holders != 0 || st.NextToken != 3 {
+				t.Errorf("Stats = %+v", st)
+			}
+		}},
+		{name: "release by a non-holder", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			one(rel(B, 1), notHeld),   // B's attempt is waiting
+			one(rel(B, 7), notHeld),   // unknown attempt
+			one(rel(C, 1), notHeld),   // A's request id, C's session
+			one(rel(9, 1), noSession), // unknown session
+		}, check: func(t *testing.T, s *State) {
+			if info, _ := s.Request(B, 1); info.State != ReqWaiting {
+				t.Errorf("B/1 = %+v, want still waiting", info)
+			}
+		}},
+		{name: "cancel before grant dequeues", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			one(cancel(B, 1), cancelled),
+			one(cancel(B, 1), cancelled),
+			one(acq(B, 1, "x", true), cancelled), // retried Acquire does not requeue
+			one(rel(B, 1), notHeld),
+			one(rel(A, 1), okTok(1)), // nobody left to hand off to
+		}, check: func(t *testing.T, s *State) {
+			if _, ok := s.Key("x"); ok {
+				t.Errorf("key x kept")
+			}
+		}},
+		{name: "cancel after grant releases and hands off", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			one(cancel(A, 1), released(1), g("x", B, 1, 2)),
+			one(cancel(A, 1), released(1)),
+			one(acq(A, 1, "x", true), released(1)),
+			one(rel(A, 1), okTok(1)),
+		}},
+		{name: "cancel of an unknown attempt leaves a tombstone", steps: []step{
+			one(cancel(A, 5), cancelled),
+			one(acq(A, 5, "x", true), cancelled),
+			one(acq(A, 6, "x", true), granted(1), g("x", A, 6, 1)),
+		}, check: func(t *testing.T, s *State) {
+			if info, _ := s.Request(A, 5); !info.Found || info.State != ReqCancelled || info.Key != "" {
+				t.Errorf("A/5 = %+v", info)
+			}
+		}},
+		{name: "expire with waiters hands off to the next session", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "y", true), granted(2), g("y", B, 1, 2)),
+			one(acq(A, 2, "y", true), queued),
+			one(acq(B, 2, "x", true), queued),
+			one(acq(C, 1, "x", true), queued),
+			one(expire(A), ok, g("x", B, 2, 3)),
+			one(expire(A), noSession),
+			one(acq(A, 3, "z", true), noSession),
+			one(rel(B, 2), okTok(3), g("x", C, 1, 4)),
+			one(rel(B, 1), okTok(2)), // A's waiter on y was dropped
+		}, check: func(t *testing.T, s *State) {
+			if _, ok := s.Session(A); ok {
+				t.Errorf("session A still there")
+			}
+			if _, ok := s.Key("y"); ok {
+				t.Errorf("key y kept")
+			}
+			if _, found := s.Request(A, 1); found {
+				t.Errorf("Request of an expired session found it")
+			}
+		}},
+		{name: "close session releases and forgets", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			one(closeS(A), ok, g("x", B, 1, 2)),
+			one(closeS(A), noSession),
+			one(rel(A, 1), noSession),
+			one(cancel(A, 1), noSession),
+		}, check: func(t *testing.T, s *State) {
+			ss := s.Sessions()
+			if len(ss) != 2 || ss[0].ID != B || ss[1].ID != C || ss[0].Held != 1 {
+				t.Errorf("Sessions = %+v", ss)
+			}
+		}},
+		{name: "session waiting behind its own hold: expiry skips its waiter", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(A, 2, "x", true), queued),
+			one(acq(B, 1, "x", true), queued),
+			one(expire(A), ok, g("x", B, 1, 2)),
+		}},
+		{name: "duplicate acquire ids answer from state", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(A, 1, "x", true), granted(1)),
+			one(acq(B, 1, "x", true), queued),
+			one(acq(B, 1, "x", true), queued),
+			one(acq(C, 1, "x", false), locked),
+			one(acq(C, 1, "x", true), locked),  // rejected stays rejected
+			one(acq(A, 1, "other", true), bad), // same id, other key
+			one(rel(A, 1), okTok(1), g("x", B, 1, 2)),
+			one(acq(A, 1, "x", true), released(1)),
+			one(acq(B, 1, "x", true), granted(2)),
+		}, check: func(t *testing.T, s *State) {
+			if st := s.Stats(); st.Holders != 1 || st.Waiters != 0 {
+				t.Errorf("Stats = %+v", st)
+			}
+		}},
+		{name: "duplicate ids of release, cancel, expire, close in one entry", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			{cmds: []Command{rel(A, 1), rel(A, 1)}, want: []Result{okTok(1), okTok(1)}, grants: []Grant{g("x", B, 1, 2)}},
+			{cmds: []Command{cancel(B, 1), cancel(B, 1)}, want: []Result{released(2), released(2)}},
+			{cmds: []Command{closeS(C), closeS(C), expire(B), expire(B)}, want: []Result{ok, noSession, ok, noSession}},
+		}},
+		{name: "TryLock on a held key", steps: []step{
+			one(acq(A, 1, "x", false), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", false), locked),
+			one(acq(A, 2, "x", false), locked),
+			one(rel(B, 1), notHeld),
+			one(cancel(B, 1), cancelled),
+			one(rel(A, 1), okTok(1)),
+			one(acq(B, 2, "x", false), granted(2), g("x", B, 2, 2)),
+		}, check: func(t *testing.T, s *State) {
+			if info, _ := s.Request(B, 1); info.State != ReqRejected {
+				t.Errorf("B/1 = %+v", info)
+			}
+		}},
+		{name: "TryLock refused while others queue", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			one(acq(C, 1, "x", false), locked),
+		}},
+		{name: "FIFO hand-off order", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			one(acq(C, 1, "x", true), queued),
+			one(acq(A, 2, "x", true), queued),
+			one(acq(B, 2, "x", true), queued),
+			one(cancel(A, 2), cancelled),
+			one(rel(A, 1), okTok(1), g("x", B, 1, 2)),
+			one(rel(B, 1), okTok(2), g("x", C, 1, 3)),
+			one(rel(C, 1), okTok(3), g("x", B, 2, 4)),
+		}, check: func(t *testing.T, s *State) {
+			info, _ := s.Key("x")
+			if len(info.Holders) != 1 || info.Holders[0].Session != B || len(info.Waiters) != 0 {
+				t.Errorf("Key = %+v", info)
+			}
+		}},
+		{name: "waiters listed in FIFO order", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(acq(C, 4, "x", true), queued),
+			one(acq(B, 3, "x", true), queued),
+		}, check: func(t *testing.T, s *State) {
+			info, _ := s.Key("x")
+			want := []Holder{{C, 4, 0, "nc"}, {B, 3, 0, "nb"}}
+			if !slices.Equal(info.Waiters, want) {
+				t.Errorf("Waiters = %+v, want %+v", info.Waiters, want)
+			}
+		}},
+		{name: "semaphore limit 2", steps: []step{
+			one(sem(A, 1, "s", 2), granted(1), g("s", A, 1, 1)),
+			one(sem(A, 2, "s", 2), granted(2), g("s", A, 2, 2)),
+			one(sem(B, 1, "s", 2), queued),
+			one(sem(C, 1, "s", 2), queued),
+			one(Command{Op: OpAcquire, Session: C, Req: 2, Key: "s", Limit: 2}, locked),
+			// Ending A frees two slots: both waiters granted in this entry, in FIFO order.
+			one(expire(A), ok, g("s", B, 1, 3), g("s", C, 1, 4)),
+			one(sem(A, 9, "s", 2), noSession),
+			{cmds: []Command{rel(B, 1), rel(C, 1), sem(B, 2, "s", 2)}, want: []Result{okTok(3), okTok(4), granted(5)}, grants: []Grant{g("s", B, 2, 5)}},
+		}},
+		{name: "semaphore releases in one entry hand off in order", steps: []step{
+			one(sem(A, 1, "s", 3), granted(1), g("s", A, 1, 1)),
+			one(sem(B, 1, "s", 3), granted(2), g("s", B, 1, 2)),
+			one(sem(C, 1, "s", 3), granted(3), g("s", C, 1, 3)),
+			one(sem(A, 2, "s", 3), queued),
+			one(sem(B, 2, "s", 3), queued),
+			{cmds: []Command{rel(C, 1), rel(B, 1)}, want: []Result{okTok(3), okTok(2)}, grants: []Grant{g("s", A, 2, 4), g("s", B, 2, 5)}},
+		}},
+		{name: "limit mismatch", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(sem(B, 1, "x", 2), bad),
+			one(sem(B, 2, "x", 1), queued), // 1 == default
+			one(Command{Op: OpAcquire, Session: C, Req: 1, Key: "x", Wait: true, Limit: 0}, queued),
+			one(sem(A, 1, "x", 5), granted(1)), // dedup answers before the limit check
+			one(rel(A, 1), okTok(1), g("x", B, 2, 2)),
+			one(rel(B, 2), okTok(2), g("x", C, 1, 3)),
+			one(rel(C, 1), okTok(3)),
+			one(sem(B, 3, "x", 2), granted(4), g("x", B, 3, 4)), // a deleted key takes any limit
+		}},
+		{name: "bad keys and ids", steps: []step{
+			one(acq(A, 1, "", true), bad),
+			one(acq(A, 2, long+"k", true), bad),
+			one(acq(A, 3, long, true), granted(1), g(long, A, 3, 1)),
+			one(acq(A, 0, "x", true), bad),
+			one(acq(9, 1, "x", true), noSession),
+			one(acq(0, 1, "x", true), noSession),
+		}},
+		{name: "unknown ops", steps: []step{
+			one(Command{Op: 0, Session: A}, bad),
+			one(Command{Op: 7, Session: A}, bad),
+			one(Command{Op: 255, Session: A, Key: "x"}, bad),
+		}},
+		{name: "ack prunes terminal attempts only", steps: []step{
+			one(acq(B, 1, "x", true), granted(1), g("x", B, 1, 1)),
+			one(acq(A, 1, "x", false), locked), // rejected
+			one(acq(A, 2, "y", true), granted(2), g("y", A, 2, 2)),
+			one(Command{Op: OpRelease, Session: A, Req: 4, Target: 2}, okTok(2)), // released, touched by req 4
+			one(acq(A, 3, "x", true), queued),                                    // live
+			one(acq(A, 5, "z", true), granted(3), g("z", A, 5, 3)),               // live
+			one(Command{Op: OpAcquire, Session: A, Req: 6, Ack: 4, Key: "w"}, granted(4), g("w", A, 6, 4)),
+		}, check: func(t *testing.T, s *State) {
+			for req, want := range map[uint64]bool{1: false, 2: true, 3: true, 5: true, 6: true} {
+				if info, _ := s.Request(A, req); info.Found != want {
+					t.Errorf("A/%d found=%v, want %v (%+v)", req, info.Found, want, info)
+				}
+			}
+		}},
+		{name: "ack at every command; pruned ids cannot come back", steps: []step{
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(Command{Op: OpRelease, Session: A, Req: 2, Target: 1}, okTok(1)),
+			one(Command{Op: OpCancel, Session: A, Req: 3, Ack: 3, Target: 99}, cancelled),
+			one(acq(A, 1, "x", true), bad), // below the Ack and forgotten
+			one(rel(A, 1), notHeld),
+			one(Command{Op: OpCancel, Session: A, Ack: 200, Target: 100}, cancelled),
+			one(Command{Op: OpAcquire, Session: A, Req: 100, Key: "x", Wait: true}, bad), // no tombstone below the Ack
+		}, check: func(t *testing.T, s *State) {
+			if st := s.Stats(); st.Attempts != 0 {
+				t.Errorf("Stats = %+v, want no attempts left", st)
+			}
+		}},
+		{name: "open session rules", steps: []step{
+			one(Command{Op: OpOpenSession, Owner: "n", TTLMillis: 0}, bad),
+			one(Command{Op: OpOpenSession, Owner: strings.Repeat("o", MaxOwnerLen+1), TTLMillis: 10}, bad),
+			{cmds: []Command{
+				{Op: OpOpenSession, Owner: "p", TTLMillis: 10},
+				{Op: OpOpenSession, TTLMillis: 0},
+				{Op: OpOpenSession, Owner: "q", TTLMillis: 20},
+				{Op: OpOpenSession, Owner: "r", TTLMillis: 30},
+			}, want: []Result{
+				{Status: StatusOK, Session: 6},
+				bad,
+				{Status: StatusOK, Session: 1<<63 | 6<<12 | 2},
+				{Status: StatusOK, Session: 1<<63 | 6<<12 | 3},
+			}},
+			one(Command{Op: OpAcquire, Session: 1<<63 | 6<<12 | 2, Req: 1, Key: "x"}, granted(1),
+				Grant{Key: "x", Session: 1<<63 | 6<<12 | 2, Req: 1, Token: 1, Owner: "q"}),
+		}, check: func(t *testing.T, s *State) {
+			if si, ok := s.Session(6); !ok || si.Owner != "p" || si.TTLMillis != 10 {
+				t.Errorf("Session(6) = %+v, %v", si, ok)
+			}
+			if n := len(s.Sessions()); n != 6 {
+				t.Errorf("%d sessions, want 6", n)
+			}
+		}},
+		{name: "duplicate open session opens another session", steps: []step{
+			one(Command{Op: OpOpenSession, Owner: "p", TTLMillis: 10}, Result{Status: StatusOK, Session: 4}),
+			one(Command{Op: OpOpenSession, Owner: "p", TTLMillis: 10}, Result{Status: StatusOK, Session: 5}),
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChecker()
+			for _, sess := range []uint64{A, B, C} {
+				rs, _, err := c.apply(Command{Op: OpOpenSession, Owner: owners[sess], TTLMillis: 5000})
+				if err != nil || rs[0] != (Result{Status: StatusOK, Session: sess}) {
+					t.Fatalf("open session: %+v %v", rs, err)
+				}
+			}
+			for i, st := range tc.steps {
+				rs, gs, err := c.apply(st.cmds...)
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				for j, r := range rs {
+					w := st.want[j]
+					if w.Err == "*" && r.Err != "" {
+						w.Err = r.Err
+					}
+					if r != w {
+						t.Errorf("step %d (%v): command %d: got %+v, want %+v", i, st.cmds[j].Op, j, r, st.want[j])
+					}
+				}
+				if !slices.Equal(gs, st.grants) {
+					t.Errorf("step %d: grants %+v, want %+v", i, gs, st.grants)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, c.s)
+			}
+		})
+	}
+}
+
+func TestApplyIndexMustIncrease(t *testing.T) {
+	s := New()
+	s.Apply(5, []Command{{Op: OpOpenSession, Owner: "n", TTLMillis: 1}})
+	before := snapshot(t, s)
+	for _, idx := range []uint64{5, 4, 0} {
+		rs, gs := s.Apply(idx, []Command{acq(5, 1, "x", true), {Op: OpOpenSession, TTLMillis: 1}})
+		if len(rs) != 2 || rs[0].Status != StatusInvalid || rs[1].Status != StatusInvalid || gs != nil {
+			t.Errorf("Apply(%d) = %+v %+v", idx, rs, gs)
+		}
+	}
+	if !slices.Equal(before, snapshot(t, s)) || s.Index() != 5 {
+		t.Errorf("state changed by a stale index")
+	}
+	if rs, _ := s.Apply(6, nil); len(rs) != 0 || s.Index() != 6 {
+		t.Errorf("empty entry: %+v index %d", rs, s.Index())
+	}
+}
+
+func TestValidateKey(t *testing.T) {
+	for key, want := range map[string]bool{"": false, "a": true, strings.Repeat("x", MaxKeyLen): true, strings.Repeat("x", MaxKeyLen+1): false, "\x00\xff": true} {
+		if err := ValidateKey(key); (err == nil) != want {
+			t.Errorf("ValidateKey(%d bytes) = %v", len(key), err)
+		}
+	}
+}
