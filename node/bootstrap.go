@@ -1,0 +1,308 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/lockmesh/lockmesh/mesh"
+)
+
+// Forming a cluster.
+//
+// With BootstrapExpect N, peers gossip until they see N alive peers that
+// belong to no cluster. The peer whose name sorts first among the first N
+// (by name) coordinates: it lays out the shards over those N peers and runs
+// a two-phase agreement with them. In phase one every peer promises the plan
+// and refuses any other for a while; only when all N promised does phase two
+// tell them to commit it, and each then records it in its data dir and
+// starts its replicas. Two coordinators that raced (N+1 peers starting at
+// once with different views) cannot both get every promise from overlapping
+// sets, so no two clusters form from one peer. A peer that finds a member
+// already in a cluster asks it for the layout and adopts it instead.
+
+const recordFile = "cluster.lockmesh"
+
+// promiseTTL bounds how long a peer holds a promise for a plan that was
+// neither committed nor aborted (its coordinator died between phases).
+const promiseTTL = 10 * time.Second
+
+func (n *Node) bootstrapLoop() {
+	t := time.NewTicker(max(4*n.cfg.RTT, 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ready:
+			return
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		if err := n.bootstrapStep(); err != nil {
+			n.log.Debug("bootstrap step", "err", err)
+		}
+	}
+}
+
+func (n *Node) bootstrapStep() error {
+	var free []mesh.Member
+	for _, m := range n.mesh.Members() {
+		if m.State != mesh.StateAlive || m.Meta.NodeHostID == "" || m.Meta.RPCAddr == "" {
+			continue
+		}
+		if m.Meta.Cluster != 0 && m.Name != n.cfg.Name {
+			return n.fetchPlacement(m)
+		}
+		free = append(free, m)
+	}
+	if n.cfg.BootstrapExpect == 0 || len(free) < n.cfg.BootstrapExpect {
+		return nil
+	}
+	free = free[:n.cfg.BootstrapExpect] // Members is sorted by name
+	if free[0].Name != n.cfg.Name {
+		return nil
+	}
+	return n.coordinate(free)
+}
+
+// fetchPlacement adopts the layout of the cluster member m belongs to.
+func (n *Node) fetchPlacement(m mesh.Member) error {
+	ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
+	defer cancel()
+	raw, err := n.peers.Call(ctx, m.Meta.RPCAddr, methodGetPlacement, nil)
+	if err != nil {
+		return fmt.Errorf("get layout from %s: %w", m.Name, err)
+	}
+	p, err := decodePlacement(raw)
+	if err != nil {
+		return err
+	}
+	return n.commitPlan(p)
+}
+
+func (n *Node) coordinate(members []mesh.Member) error {
+	peers := make([]peerEntry, len(members))
+	for i, m := range members {
+		peers[i] = peerEntry{Name: m.Name, NodeHostID: m.Meta.NodeHostID}
+	}
+	var idb [8]byte
+	_, _ = rand.Read(idb[:])
+	cid := binary.BigEndian.Uint64(idb[:]) | 1
+	p := newPlacement(cid, n.cfg.Shards, n.cfg.ReplicationFactor, peers)
+	raw, err := encodePlacement(p)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 2*time.Second)
+	defer cancel()
+	var promised []mesh.Member
+	var failed error
+	for _, m := range members {
+		if _, err := n.callPeer(ctx, m, methodPrepare, raw); err != nil {
+			failed = fmt.Errorf("peer %s refused plan: %w", m.Name, err)
+			break
+		}
+		promised = append(promised, m)
+	}
+	if failed != nil {
+		var cidb [8]byte
+		binary.BigEndian.PutUint64(cidb[:], cid)
+		for _, m := range promised {
+			_, _ = n.callPeer(ctx, m, methodAbort, cidb[:])
+		}
+		return failed
+	}
+	n.log.Info("forming cluster", "cluster", cid, "peers", len(members), "shards", p.Shards)
+	for _, m := range members {
+		if m.Name == n.cfg.Name {
+			continue
+		}
+		if _, err := n.callPeer(ctx, m, methodCommit, raw); err != nil {
+			// It adopts the layout from a committed member once its promise lapses.
+			n.log.Warn("commit not delivered", "peer", m.Name, "err", err)
+		}
+	}
+	return n.commitPlan(p)
+}
+
+// callPeer calls m, or serves the call locally when m is this peer.
+func (n *Node) callPeer(ctx context.Context, m mesh.Member, method uint8, body []byte) ([]byte, error) {
+	if m.Name == n.cfg.Name {
+		return n.serveBootstrap(ctx, method, body)
+	}
+	return n.peers.Call(ctx, m.Meta.RPCAddr, method, body)
+}
+
+func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([]byte, error) {
+	switch method {
+	case methodGetPlacement:
+		return n.currentPlacement(ctx)
+	case methodAbort:
+		if len(body) != 8 {
+			return nil, errors.New("abort: bad cluster id")
+		}
+		n.bootMu.Lock()
+		if n.promise != nil && n.promise.ClusterID == binary.BigEndian.Uint64(body) {
+			n.promise = nil
+		}
+		n.bootMu.Unlock()
+		return nil, nil
+	}
+	p, err := decodePlacement(body)
+	if err != nil {
+		return nil, err
+	}
+	if self, ok := p.peer(n.cfg.Name); !ok || self.NodeHostID != n.nh.ID() {
+		return nil, rpcError(codeRejected, "plan does not list peer %s with NodeHostID %s", n.cfg.Name, n.nh.ID())
+	}
+	if method == methodPrepare {
+		n.bootMu.Lock()
+		defer n.bootMu.Unlock()
+		if cur := n.placement.Load(); cur != nil {
+			return nil, rpcError(codeRejected, "peer %s already belongs to cluster %d", n.cfg.Name, cur.ClusterID)
+		}
+		if n.promise != nil && n.promise.ClusterID != p.ClusterID && n.now().Before(n.promDue) {
+			return nil, rpcError(codeRejected, "peer %s promised another plan", n.cfg.Name)
+		}
+		n.promise, n.promDue = p, n.now().Add(promiseTTL)
+		return nil, nil
+	}
+	if method == methodCommit {
+		return nil, n.commitPlan(p)
+	}
+	return nil, fmt.Errorf("unknown bootstrap method %d", method)
+}
+
+// commitPlan adopts p unless this peer already has a layout.
+func (n *Node) commitPlan(p *placement) error {
+	n.bootMu.Lock()
+	defer n.bootMu.Unlock()
+	if cur := n.placement.Load(); cur != nil {
+		if cur.ClusterID != p.ClusterID {
+			return rpcError(codeRejected, "peer %s already belongs to cluster %d", n.cfg.Name, cur.ClusterID)
+		}
+		return nil
+	}
+	n.promise = nil
+	if err := n.adopt(p); err != nil {
+		return err
+	}
+	meta := n.localMeta()
+	meta.Cluster = p.ClusterID
+	if err := n.mesh.SetMeta(meta); err != nil {
+		n.log.Warn("gossip cluster id", "err", err)
+	}
+	if p.hosts(metaShardID, n.cfg.Name) {
+		n.goFunc(func() { n.publishPlacement(p) })
+	}
+	return nil
+}
+
+func (n *Node) localMeta() mesh.Meta {
+	if m, ok := n.mesh.Member(n.cfg.Name); ok {
+		return m.Meta
+	}
+	return mesh.Meta{NodeHostID: n.nh.ID(), RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion}
+}
+
+// publishPlacement writes p into the meta shard (a no-op if a placement of
+// the same or a later epoch is there), retrying until it lands or the node
+// closes.
+func (n *Node) publishPlacement(p *placement) {
+	raw, err := encodePlacement(p)
+	if err != nil {
+		return
+	}
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(n.ctx, n.proposalTimeout())
+		_, err := n.nh.SyncPropose(ctx, n.nh.GetNoOPSession(metaShardID), raw)
+		cancel()
+		if err == nil || n.isClosed() {
+			return
+		}
+		if n.backoff(n.ctx, attempt) != nil {
+			return
+		}
+	}
+}
+
+// currentPlacement answers GetPlacement: the meta shard's copy when this
+// peer hosts it, else the local record.
+func (n *Node) currentPlacement(ctx context.Context) ([]byte, error) {
+	p := n.placement.Load()
+	if p == nil {
+		return nil, rpcError(codeNoCluster, "peer %s is not in a cluster yet", n.cfg.Name)
+	}
+	if p.hosts(metaShardID, n.cfg.Name) {
+		ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+		defer cancel()
+		if v, err := n.nh.SyncRead(ctx, metaShardID, nil); err == nil {
+			if raw, ok := v.([]byte); ok && len(raw) > 0 {
+				return raw, nil
+			}
+		}
+	}
+	return encodePlacement(p)
+}
+
+// saveRecord writes the layout to the data dir atomically.
+func (n *Node) saveRecord(p *placement) error {
+	raw, err := encodePlacement(p)
+	if err != nil {
+		return err
+	}
+	fs := n.cfg.FS
+	path := fs.PathJoin(n.cfg.DataDir, recordFile)
+	tmp := path + ".tmp"
+	f, err := fs.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("write cluster record: %w", err)
+	}
+	if _, err := f.Write(raw); err != nil {
+		f.Close()
+		return fmt.Errorf("write cluster record: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("sync cluster record: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return fs.Rename(tmp, path)
+}
+
+// loadRecord reads the layout from the data dir; nil when there is none.
+func (n *Node) loadRecord() (*placement, error) {
+	fs := n.cfg.FS
+	path := fs.PathJoin(n.cfg.DataDir, recordFile)
+	f, err := fs.Open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read cluster record %s: %w", path, err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, maxBodySize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read cluster record %s: %w", path, err)
+	}
+	p, err := decodePlacement(raw)
+	if err != nil {
+		return nil, fmt.Errorf("cluster record %s is corrupt: %w", path, err)
+	}
+	if _, ok := p.peer(n.cfg.Name); !ok && len(n.cfg.Join) == 0 {
+		return nil, fmt.Errorf("cluster record %s does not list peer %q", path, n.cfg.Name)
+	}
+	if !slices.ContainsFunc(p.Peers, func(pe peerEntry) bool { return pe.Name == n.cfg.Name && pe.NodeHostID != n.nh.ID() }) {
+		return p, nil
+	}
+	return nil, fmt.Errorf("cluster record %s lists peer %q with another NodeHostID than the raft data: was the data dir copied?", path, n.cfg.Name)
+}

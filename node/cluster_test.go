@@ -1,0 +1,159 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/lni/vfs"
+)
+
+// testPeer is one peer of an in-process test cluster. Its file system is
+// in memory and survives restarts of the peer.
+type testPeer struct {
+	cfg  Config
+	node *Node
+}
+
+type clusterOpts struct {
+	peers, expect, shards, rf int
+	ttl                       time.Duration
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("LOCKMESH_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return nil
+}
+
+func testConfig(t testing.TB, name string, o clusterOpts) Config {
+	return Config{
+		Name:              name,
+		DataDir:           "/data/" + name,
+		GossipAddr:        "127.0.0.1:0",
+		RaftAddr:          freeAddr(t),
+		RPCAddr:           "127.0.0.1:0",
+		BootstrapExpect:   o.expect,
+		Shards:            o.shards,
+		ReplicationFactor: o.rf,
+		SessionTTL:        o.ttl,
+		RTT:               10 * time.Millisecond,
+		Logger:            testLogger(),
+		FS:                vfs.NewMem(),
+	}
+}
+
+// startCluster starts o.peers peers that bootstrap together and waits until
+// every one of them is ready.
+func startCluster(t testing.TB, o clusterOpts) []*testPeer {
+	t.Helper()
+	if o.expect == 0 {
+		o.expect = o.peers
+	}
+	if o.shards == 0 {
+		o.shards = 4
+	}
+	if o.ttl == 0 {
+		o.ttl = time.Second
+	}
+	var peers []*testPeer
+	var seed string
+	for i := 0; i < o.peers; i++ {
+		cfg := testConfig(t, fmt.Sprintf("peer-%d", i+1), o)
+		if seed != "" {
+			cfg.Join = []string{seed}
+		}
+		p := &testPeer{cfg: cfg}
+		p.start(t)
+		if seed == "" {
+			seed = p.node.GossipAddr()
+		}
+		peers = append(peers, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range peers {
+			p.stop()
+		}
+	})
+	for _, p := range peers {
+		p.waitReady(t)
+	}
+	return peers
+}
+
+func (p *testPeer) start(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Start(ctx, p.cfg)
+	if err != nil {
+		t.Fatalf("start %s: %v", p.cfg.Name, err)
+	}
+	p.node = n
+}
+
+func (p *testPeer) waitReady(t testing.TB) {
+	t.Helper()
+	select {
+	case <-p.node.Ready():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s not ready after 20s", p.cfg.Name)
+	}
+}
+
+func (p *testPeer) stop() {
+	if p.node != nil {
+		p.node.Close()
+	}
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestClusterLockBasics(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3})
+	a, b := peers[0].node, peers[1].node
+	ctx := ctxT(t, 20*time.Second)
+
+	l1, err := a.Lock(ctx, "invoice/42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TryLock(ctx, "invoice/42"); !errorsIs(err, ErrLocked) {
+		t.Fatalf("TryLock on held key: %v, want ErrLocked", err)
+	}
+	if err := l1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.Unlock(ctx); !errorsIs(err, ErrNotHeld) {
+		t.Fatalf("second Unlock: %v, want ErrNotHeld", err)
+	}
+	l2, err := b.TryLock(ctx, "invoice/42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Token() <= l1.Token() {
+		t.Fatalf("token did not grow: %d then %d", l1.Token(), l2.Token())
+	}
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,150 @@
+package node
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/lni/vfs"
+)
+
+// Defaults used where a Config field is zero.
+const (
+	DefaultShards            = 16
+	DefaultReplicationFactor = 3
+	DefaultSessionTTL        = 10 * time.Second
+	DefaultRTT               = 50 * time.Millisecond
+)
+
+// Config configures a Node. Zero values mean the defaults listed on each
+// field; DefaultConfig returns them filled in.
+type Config struct {
+	// Name identifies this peer in the mesh; it must be unique and stable
+	// across restarts of the same data dir. Default: the RPC address.
+	Name string
+	// DataDir holds the Raft logs, snapshots and the cluster record. It must
+	// survive restarts for held locks and fencing tokens to survive them.
+	DataDir string
+	// GossipAddr is the host:port memberlist listens on (port 0 picks one).
+	GossipAddr string
+	// RaftAddr is the host:port of the Raft transport. It needs a fixed port.
+	RaftAddr string
+	// RPCAddr is the host:port of lockmesh's own transport (port 0 picks one).
+	RPCAddr string
+	// Join lists gossip addresses of existing peers; one live one is enough.
+	Join []string
+	// BootstrapExpect is the number of peers that form a new cluster
+	// together. 0 means this peer only joins a cluster that already exists.
+	// Every peer of the initial set should use the same value.
+	BootstrapExpect int
+	// Shards is the number of lock shards, fixed when the cluster is created
+	// (default 16). Peers joining later adopt the cluster's value.
+	Shards int
+	// ReplicationFactor is the number of replicas per shard (default 3).
+	ReplicationFactor int
+	// SessionTTL is how long the cluster keeps a session's locks after its
+	// keepalives stop (default 10s). Lock.Done closes earlier than that on
+	// the holder's side: see LeaseMargin.
+	SessionTTL time.Duration
+	// LeaseMargin is subtracted from the TTL on the client side to absorb
+	// clock-rate differences between peers (default TTL/10, at least 2 RTT).
+	LeaseMargin time.Duration
+	// RTT is the expected round trip between peers; Raft heartbeats happen
+	// every RTT and elections after 10 RTT (default 50ms).
+	RTT time.Duration
+	// GossipKey enables memberlist encryption (16, 24 or 32 bytes).
+	GossipKey []byte
+	// Logger receives the node's logs (default: discard). dragonboat's and
+	// memberlist's logs are routed through it at warn level or quieter.
+	Logger *slog.Logger
+
+	// FS replaces the file system under DataDir; tests use vfs.NewMem().
+	// Nil means the operating system's.
+	FS vfs.FS
+}
+
+// DefaultConfig returns a Config with every default filled in, listening on
+// loopback with ports picked by the system where that is allowed.
+func DefaultConfig() Config {
+	c := Config{}
+	c.setDefaults()
+	return c
+}
+
+func (c *Config) setDefaults() {
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	if c.ReplicationFactor == 0 {
+		c.ReplicationFactor = DefaultReplicationFactor
+	}
+	if c.SessionTTL == 0 {
+		c.SessionTTL = DefaultSessionTTL
+	}
+	if c.RTT == 0 {
+		c.RTT = DefaultRTT
+	}
+	if c.LeaseMargin == 0 {
+		c.LeaseMargin = max(c.SessionTTL/10, 2*c.RTT)
+	}
+	if c.Name == "" {
+		c.Name = c.RPCAddr
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.FS == nil {
+		c.FS = vfs.Default
+	}
+}
+
+// Validate reports the first problem with the configuration, wrapped in
+// ErrInvalidConfig. It applies defaults to a copy, so zero fields are fine.
+func (c Config) Validate() error {
+	c.setDefaults()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	if c.DataDir == "" {
+		return bad("DataDir is required")
+	}
+	for field, addr := range map[string]string{"GossipAddr": c.GossipAddr, "RaftAddr": c.RaftAddr, "RPCAddr": c.RPCAddr} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return bad("%s %q is not host:port: %v", field, addr, err)
+		}
+	}
+	if _, port, _ := net.SplitHostPort(c.RaftAddr); port == "0" {
+		return bad("RaftAddr %q needs a fixed port", c.RaftAddr)
+	}
+	if c.Name == "" || len(c.Name) > 128 {
+		return bad("Name %q must be 1 to 128 bytes", c.Name)
+	}
+	if c.BootstrapExpect < 0 {
+		return bad("BootstrapExpect %d is negative", c.BootstrapExpect)
+	}
+	if c.BootstrapExpect == 0 && len(c.Join) == 0 {
+		return bad("set BootstrapExpect to create a cluster or Join to join one")
+	}
+	if c.Shards < 1 || c.Shards > 4096 {
+		return bad("Shards %d must be between 1 and 4096", c.Shards)
+	}
+	if c.ReplicationFactor < 1 || c.ReplicationFactor > 9 {
+		return bad("ReplicationFactor %d must be between 1 and 9", c.ReplicationFactor)
+	}
+	if c.RTT < time.Millisecond {
+		return bad("RTT %v must be at least 1ms", c.RTT)
+	}
+	// The session must outlive a leader election, or every failover expires
+	// every session.
+	if c.SessionTTL < 40*c.RTT {
+		return bad("SessionTTL %v must be at least 40 RTT (%v)", c.SessionTTL, 40*c.RTT)
+	}
+	if c.LeaseMargin <= 0 || c.LeaseMargin >= c.SessionTTL/2 {
+		return bad("LeaseMargin %v must be positive and below half the SessionTTL", c.LeaseMargin)
+	}
+	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
+		return bad("GossipKey is %d bytes; it must be 16, 24 or 32", n)
+	}
+	return nil
+}

@@ -1,0 +1,146 @@
+package node
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
+)
+
+// lockSM adapts lockfsm.State to dragonboat's IStateMachine. dragonboat
+// holds a write lock around Update and Recover and a read lock around
+// Lookup and SaveSnapshot, so the state needs no locking of its own.
+type lockSM struct {
+	shard   uint64
+	state   *lockfsm.State
+	onGrant func(shard uint64, grants []lockfsm.Grant)
+}
+
+// resultCorrupt marks an entry whose bytes did not decode. It is applied as
+// a no-op on every replica alike, so the state stays deterministic.
+const resultCorrupt = 0
+
+func (s *lockSM) Update(e sm.Entry) (sm.Result, error) {
+	cmds, err := lockfsm.DecodeCommands(e.Cmd)
+	if err != nil {
+		return sm.Result{Value: resultCorrupt, Data: []byte(err.Error())}, nil
+	}
+	results, grants := s.state.Apply(e.Index, cmds)
+	data, err := lockfsm.EncodeResults(results)
+	if err != nil {
+		return sm.Result{}, fmt.Errorf("shard %d: encode results: %w", s.shard, err)
+	}
+	if len(grants) > 0 && s.onGrant != nil {
+		s.onGrant(s.shard, grants)
+	}
+	return sm.Result{Value: uint64(len(results)), Data: data}, nil
+}
+
+// lockQuery is what Lookup answers; exactly one kind is set.
+type lockQuery struct {
+	Kind    uint8  `msgpack:"k"`
+	Session uint64 `msgpack:"s"`
+	Req     uint64 `msgpack:"r"`
+	Key     string `msgpack:"y"`
+}
+
+const (
+	queryRequest uint8 = iota + 1
+	queryKey
+	querySessions
+)
+
+// lockAnswer is Lookup's reply to a lockQuery.
+type lockAnswer struct {
+	SessionFound bool                  `msgpack:"sf"`
+	Request      lockfsm.RequestInfo   `msgpack:"rq"`
+	KeyFound     bool                  `msgpack:"kf"`
+	Key          lockfsm.KeyInfo       `msgpack:"ki"`
+	Sessions     []lockfsm.SessionInfo `msgpack:"ss"`
+}
+
+func (s *lockSM) Lookup(q any) (any, error) {
+	lq, ok := q.(lockQuery)
+	if !ok {
+		return nil, fmt.Errorf("shard %d: unknown query %T", s.shard, q)
+	}
+	var a lockAnswer
+	switch lq.Kind {
+	case queryRequest:
+		a.Request, a.SessionFound = s.state.Request(lq.Session, lq.Req)
+	case queryKey:
+		a.Key, a.KeyFound = s.state.Key(lq.Key)
+	case querySessions:
+		a.Sessions = s.state.Sessions()
+	default:
+		return nil, fmt.Errorf("shard %d: unknown query kind %d", s.shard, lq.Kind)
+	}
+	return a, nil
+}
+
+func (s *lockSM) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan struct{}) error {
+	return s.state.Save(w)
+}
+
+func (s *lockSM) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
+	return s.state.Load(r)
+}
+
+func (s *lockSM) Close() error { return nil }
+
+// metaSM is the meta shard's state machine: the latest placement, replaced
+// only by a placement with a higher epoch.
+type metaSM struct {
+	epoch     uint64
+	placement []byte
+}
+
+func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
+	p, err := decodePlacement(e.Cmd)
+	if err != nil {
+		return sm.Result{Value: 0, Data: []byte(err.Error())}, nil
+	}
+	if p.Epoch > m.epoch {
+		m.epoch = p.Epoch
+		m.placement = append([]byte(nil), e.Cmd...)
+	}
+	return sm.Result{Value: m.epoch}, nil
+}
+
+func (m *metaSM) Lookup(any) (any, error) {
+	return append([]byte(nil), m.placement...), nil
+}
+
+func (m *metaSM) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan struct{}) error {
+	var hdr [12]byte
+	binary.BigEndian.PutUint64(hdr[:8], m.epoch)
+	binary.BigEndian.PutUint32(hdr[8:], uint32(len(m.placement)))
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(m.placement)
+	return err
+}
+
+func (m *metaSM) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
+	var hdr [12]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr[8:])
+	if n > maxBodySize {
+		return errors.New("meta snapshot: placement too large")
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return err
+	}
+	m.epoch, m.placement = binary.BigEndian.Uint64(hdr[:8]), buf
+	return nil
+}
+
+func (m *metaSM) Close() error { return nil }

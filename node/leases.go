@@ -1,0 +1,334 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/lni/dragonboat/v4/raftio"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
+)
+
+// Leader-side leases.
+//
+// Keepalives are not written to the Raft log: the leader of a shard keeps,
+// in memory, when it last heard from each session (the etcd and Chubby
+// model) and proposes ExpireSession once a session has been silent for a
+// full TTL. Three rules keep that safe across leader changes:
+//
+//  1. A leader acknowledges a keepalive only after a ReadIndex round has
+//     confirmed, after the keepalive arrived, that it is still the leader,
+//     and after its replica has applied everything up to that index. So an
+//     acknowledged keepalive was received before any later leader was
+//     elected, and any ExpireSession an old leader left in the log has
+//     already been applied (the session then reads as expired).
+//  2. A new leader starts every session's timer at its election plus a
+//     grace of two election timeouts, so a holder whose last keepalive went
+//     to the old leader keeps its full TTL.
+//  3. Once a leader decides to expire a session it never acknowledges that
+//     session again, even if the ExpireSession proposal is slow to commit.
+//
+// The holder counts its lease from the time it sent the keepalive, minus a
+// margin, on its own monotonic clock; the leader counts from when it
+// received it. So the holder always gives up first, as long as clock rates
+// differ by less than the margin over one TTL.
+type leaseTable struct {
+	mu     sync.Mutex
+	shards map[uint64]*shardLeases
+}
+
+type shardLeases struct {
+	leader   bool
+	term     uint64
+	since    time.Time            // when this peer became leader in term
+	lastSeen map[uint64]time.Time // session -> last keepalive received (or since+grace)
+	expiring map[uint64]bool      // sessions being expired: never acknowledged again
+}
+
+func (t *leaseTable) init() { t.shards = map[uint64]*shardLeases{} }
+
+// leaderUpdated records a leader change reported by dragonboat.
+func (t *leaseTable) leaderUpdated(info raftio.LeaderInfo, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	leader := info.LeaderID != 0 && info.LeaderID == info.ReplicaID
+	sl := t.shards[info.ShardID]
+	if leader && sl != nil && sl.leader && sl.term == info.Term {
+		return
+	}
+	if !leader {
+		delete(t.shards, info.ShardID)
+		return
+	}
+	t.shards[info.ShardID] = newShardLeases(info.Term, now)
+}
+
+func newShardLeases(term uint64, now time.Time) *shardLeases {
+	return &shardLeases{leader: true, term: term, since: now, lastSeen: map[uint64]time.Time{}, expiring: map[uint64]bool{}}
+}
+
+func (t *leaseTable) isLeader(shard uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sl := t.shards[shard]
+	return sl != nil && sl.leader
+}
+
+// leaderState returns the shard's lease state for term, starting it if
+// dragonboat reported the leadership to a query before its event arrived.
+func (t *leaseTable) leaderState(shard, term uint64, now time.Time) *shardLeases {
+	sl := t.shards[shard]
+	if sl == nil || sl.term != term {
+		sl = newShardLeases(term, now)
+		t.shards[shard] = sl
+	}
+	return sl
+}
+
+// leaderGrace is how long a new leader waits beyond the TTL before it
+// expires sessions it has not heard from: about the longest a deposed
+// leader can go on acknowledging keepalives (an election timeout with
+// CheckQuorum), twice.
+func (n *Node) leaderGrace() time.Duration { return 20 * n.cfg.RTT }
+
+// serveKeepAlive runs on the leader of a shard for keepalives of the
+// sessions of one peer.
+func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveResp, error) {
+	received := n.now()
+	p := n.placement.Load()
+	if p == nil || !p.hosts(req.Shard, n.cfg.Name) {
+		return keepAliveResp{}, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
+	}
+	self, _ := p.peer(n.cfg.Name)
+	leaderID, term, valid, err := n.nh.GetLeaderID(req.Shard)
+	if err != nil || !valid {
+		return keepAliveResp{}, rpcError(codeBusy, "shard %d has no leader yet", req.Shard)
+	}
+	if leaderID != self.ReplicaID {
+		var hint string
+		if pe, ok := p.peerByReplica(leaderID); ok {
+			hint = pe.Name
+		}
+		return keepAliveResp{Leader: hint}, rpcError(codeNotLeader, "peer %s is not the leader of shard %d (leader: %q)", n.cfg.Name, req.Shard, hint)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+	defer cancel()
+	// Rule 1: confirm leadership and catch up the local replica first.
+	a, err := n.readLocal(ctx, req.Shard, lockQuery{Kind: querySessions})
+	if err != nil {
+		return keepAliveResp{}, rpcError(codeBusy, "shard %d: confirm leadership: %v", req.Shard, err)
+	}
+	if _, term2, valid, err := n.nh.GetLeaderID(req.Shard); err != nil || !valid || term2 != term {
+		return keepAliveResp{}, rpcError(codeBusy, "shard %d: leadership changed during keepalive", req.Shard)
+	}
+	live := make(map[uint64]bool, len(a.Sessions))
+	for _, s := range a.Sessions {
+		live[s.ID] = true
+	}
+	var resp keepAliveResp
+	n.leases.mu.Lock()
+	sl := n.leases.leaderState(req.Shard, term, received)
+	for _, id := range req.Sessions {
+		if !live[id] || sl.expiring[id] {
+			resp.Expired = append(resp.Expired, id)
+			continue
+		}
+		if received.After(sl.lastSeen[id]) {
+			sl.lastSeen[id] = received
+		}
+	}
+	n.leases.mu.Unlock()
+	return resp, nil
+}
+
+// expiryLoop expires, on every shard this peer leads, the sessions whose
+// keepalives stopped for longer than the TTL.
+func (n *Node) expiryLoop() {
+	t := time.NewTicker(max(n.cfg.SessionTTL/20, n.cfg.RTT))
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-n.stop:
+			return
+		}
+		n.expireLapsed()
+	}
+}
+
+func (n *Node) expireLapsed() {
+	n.leases.mu.Lock()
+	var shards []uint64
+	for id, sl := range n.leases.shards {
+		if sl.leader {
+			shards = append(shards, id)
+		}
+	}
+	n.leases.mu.Unlock()
+	for _, shard := range shards {
+		v, err := n.nh.StaleRead(shard, lockQuery{Kind: querySessions})
+		if err != nil {
+			continue
+		}
+		a, _ := v.(lockAnswer)
+		now := n.now()
+		var lapsed []lockfsm.SessionInfo
+		n.leases.mu.Lock()
+		sl := n.leases.shards[shard]
+		if sl == nil || !sl.leader {
+			n.leases.mu.Unlock()
+			continue
+		}
+		live := make(map[uint64]bool, len(a.Sessions))
+		for _, s := range a.Sessions {
+			live[s.ID] = true
+			seen, ok := sl.lastSeen[s.ID]
+			if !ok {
+				// First sight in this term (rule 2), or a session opened since.
+				seen = max64(now, sl.since.Add(n.leaderGrace()))
+				sl.lastSeen[s.ID] = seen
+			}
+			ttl := time.Duration(s.TTLMillis) * time.Millisecond
+			if !sl.expiring[s.ID] && now.Sub(seen) > ttl {
+				sl.expiring[s.ID] = true // rule 3
+				lapsed = append(lapsed, s)
+			}
+		}
+		for id := range sl.lastSeen {
+			if !live[id] {
+				delete(sl.lastSeen, id)
+				delete(sl.expiring, id)
+			}
+		}
+		n.leases.mu.Unlock()
+		for _, s := range lapsed {
+			n.log.Info("expiring session", "shard", shard, "session", s.ID, "owner", s.Owner, "held", s.Held, "waiting", s.Waiting)
+			n.goFunc(func() {
+				ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
+				defer cancel()
+				_, _ = n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.ID})
+			})
+		}
+	}
+}
+
+func max64(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// keepAliveLoop sends this peer's keepalives: one call per shard per round
+// to the shard's leader, carrying every session this peer has there.
+func (n *Node) keepAliveLoop() {
+	t := time.NewTicker(n.keepAliveInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-n.stop:
+			return
+		}
+		byShard := map[uint64][]*session{}
+		for _, s := range n.liveSessions() {
+			byShard[s.shard] = append(byShard[s.shard], s)
+		}
+		var wg sync.WaitGroup
+		for shard, ss := range byShard {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n.keepAlive(shard, ss)
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+func (n *Node) keepAliveInterval() time.Duration { return n.cfg.SessionTTL / 4 }
+
+func (n *Node) keepAlive(shard uint64, ss []*session) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.keepAliveInterval())
+	defer cancel()
+	req := keepAliveReq{Shard: shard}
+	for _, s := range ss {
+		req.Sessions = append(req.Sessions, s.id)
+	}
+	sent := n.now()
+	resp, err := n.sendKeepAlive(ctx, req)
+	if err != nil {
+		n.log.Debug("keepalive failed", "shard", shard, "err", err)
+		return
+	}
+	expired := map[uint64]bool{}
+	for _, id := range resp.Expired {
+		expired[id] = true
+	}
+	for _, s := range ss {
+		if expired[s.id] {
+			s.lose(fmt.Errorf("%w: the cluster expired session %d on shard %d", ErrLeaseExpired, s.id, shard))
+		} else {
+			s.extend(sent)
+		}
+	}
+}
+
+// sendKeepAlive delivers a keepalive to the shard's leader, following
+// not-leader hints, until ctx ends.
+func (n *Node) sendKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveResp, error) {
+	body, err := encodeBody(req)
+	if err != nil {
+		return keepAliveResp{}, err
+	}
+	for attempt := 0; ; attempt++ {
+		var raw []byte
+		target := n.leaderGuess(req.Shard)
+		if target == n.cfg.Name {
+			var resp keepAliveResp
+			resp, err = n.serveKeepAlive(ctx, req)
+			if err == nil {
+				return resp, nil
+			}
+		} else if addr, ok := n.rpcAddr(target); ok {
+			raw, err = n.peers.Call(ctx, addr, methodKeepAlive, body)
+			if err == nil {
+				var resp keepAliveResp
+				err = decodeBody(raw, &resp)
+				return resp, err
+			}
+		} else {
+			err = fmt.Errorf("no address for peer %q", target)
+		}
+		if errCode(err) == codeNotLeader || errCode(err) == codeNotHosted {
+			n.setLeader(req.Shard, "") // the hint comes from the next guess
+		}
+		if err := n.backoff(ctx, attempt); err != nil {
+			return keepAliveResp{}, err
+		}
+	}
+}
+
+// leaderGuess names the peer most likely leading shard: what dragonboat
+// says locally if this peer hosts a replica, else the last known leader,
+// else a replica picked in turn.
+func (n *Node) leaderGuess(shard uint64) string {
+	p := n.placement.Load()
+	if p == nil {
+		return ""
+	}
+	if p.hosts(shard, n.cfg.Name) {
+		if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
+			if pe, ok := p.peerByReplica(id); ok {
+				return pe.Name
+			}
+		}
+	}
+	if l := n.leader(shard); l != "" {
+		return l
+	}
+	hosts := p.Replicas[shard]
+	return hosts[int(n.now().UnixNano()/int64(time.Millisecond))%len(hosts)]
+}

@@ -1,0 +1,230 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
+)
+
+// MaxKeyLen is the longest key accepted, in bytes.
+const MaxKeyLen = lockfsm.MaxKeyLen
+
+// Lock is a held exclusive lock. Its fencing token orders it against every
+// other grant of the same key. Methods are safe for concurrent use.
+type Lock struct {
+	n     *Node
+	s     *session
+	key   string
+	req   uint64
+	token uint64
+
+	once sync.Once
+	done chan struct{}
+	mu   sync.Mutex
+	err  error
+}
+
+// Key returns the locked key.
+func (l *Lock) Key() string { return l.key }
+
+// Token returns the fencing token of this grant: strictly greater than the
+// token of every earlier grant of the same key, across leader changes,
+// restarts and retries. Pass it to the protected resource (see Fence).
+func (l *Lock) Token() uint64 { return l.token }
+
+// Done is closed when this holder can no longer rely on the lock: its lease
+// may have expired (keepalives unacknowledged for TTL minus the margin, on
+// the local monotonic clock), the cluster expired its session, the lock was
+// unlocked, or the node closed. Err says which.
+func (l *Lock) Done() <-chan struct{} { return l.done }
+
+// Err returns nil while the lock is held, then why Done closed:
+// ErrLeaseExpired, ErrNotHeld (after Unlock) or ErrClosed.
+func (l *Lock) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *Lock) lose(err error) {
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.err = err
+		l.mu.Unlock()
+		close(l.done)
+	})
+}
+
+// Unlock releases the lock and, in the same Raft entry, grants it to the
+// next waiter. It returns an error wrapping ErrLeaseExpired when the lease
+// was lost before the call (another holder may have been granted the key
+// meanwhile), and ErrNotHeld when the lock was already unlocked.
+func (l *Lock) Unlock(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			return fmt.Errorf("unlock %q: already unlocked: %w", l.key, ErrNotHeld)
+		}
+		return fmt.Errorf("unlock %q: %w", l.key, err)
+	}
+	res, err := l.n.apply(ctx, l.s.shard, lockfsm.Command{Op: lockfsm.OpRelease, Session: l.s.id, Target: l.req, Ack: l.s.ack()})
+	if err != nil {
+		return fmt.Errorf("unlock %q: %w", l.key, err)
+	}
+	l.s.mu.Lock()
+	delete(l.s.locks, l.req)
+	l.s.mu.Unlock()
+	switch res.Status {
+	case lockfsm.StatusOK:
+		l.lose(fmt.Errorf("%w: unlocked", ErrNotHeld))
+		return nil
+	case lockfsm.StatusNoSession:
+		err = fmt.Errorf("unlock %q: session expired before unlock: %w", l.key, ErrLeaseExpired)
+	case lockfsm.StatusNotHeld:
+		err = fmt.Errorf("unlock %q: %w", l.key, ErrNotHeld)
+	default:
+		err = fmt.Errorf("unlock %q: %s", l.key, describe(res))
+	}
+	l.lose(err)
+	return err
+}
+
+// Lock blocks until key is granted to this caller, in FIFO order among the
+// waiters of the key, and returns the held lock. Waiting costs no polling:
+// the grant is pushed to this peer by the Raft entry that made it. When ctx
+// ends first, the waiter leaves the queue (and a grant that raced the
+// cancellation is released), and ctx's error is returned.
+func (n *Node) Lock(ctx context.Context, key string) (*Lock, error) {
+	return n.acquire(ctx, key, true)
+}
+
+// TryLock takes key if it is free and nobody waits for it, and otherwise
+// returns an error wrapping ErrLocked at once.
+func (n *Node) TryLock(ctx context.Context, key string) (*Lock, error) {
+	return n.acquire(ctx, key, false)
+}
+
+func (n *Node) acquire(ctx context.Context, key string, wait bool) (*Lock, error) {
+	if err := lockfsm.ValidateKey(key); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidKey, err)
+	}
+	if n.isClosed() {
+		return nil, ErrClosed
+	}
+	p, err := n.waitReady(ctx)
+	if err != nil {
+		return nil, err
+	}
+	shard := p.shardOf(key)
+	for {
+		s, err := n.session(ctx, shard)
+		if err != nil {
+			return nil, fmt.Errorf("lock %q: %w", key, err)
+		}
+		l, retry, err := n.attempt(ctx, s, key, wait)
+		if !retry {
+			return l, err
+		}
+	}
+}
+
+// attempt makes one acquire attempt in session s. retry is true when the
+// session was lost on the way and the caller should start over in a new one.
+func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (l *Lock, retry bool, err error) {
+	req := s.newRequest()
+	abandoned := false // an abandoned attempt stays pending until its cancel is in
+	defer func() {
+		if !abandoned {
+			s.finish(req)
+		}
+	}()
+	granted := n.addWaiter(s.shard, s.id, req)
+	defer n.removeWaiter(s.shard, s.id, req)
+
+	res, err := n.apply(ctx, s.shard, lockfsm.Command{
+		Op: lockfsm.OpAcquire, Session: s.id, Req: req, Ack: s.ack(), Key: key, Wait: wait, Limit: 1,
+	})
+	if err != nil {
+		abandoned = n.abandon(s, req)
+		return nil, false, fmt.Errorf("lock %q: %w", key, err)
+	}
+	switch res.Status {
+	case lockfsm.StatusGranted:
+		return s.newLock(key, req, res.Token), false, nil
+	case lockfsm.StatusLocked:
+		return nil, false, fmt.Errorf("lock %q: %w", key, ErrLocked)
+	case lockfsm.StatusNoSession:
+		s.lose(fmt.Errorf("%w: session %d on shard %d expired", ErrLeaseExpired, s.id, s.shard))
+		return nil, true, nil
+	case lockfsm.StatusQueued:
+	default:
+		return nil, false, fmt.Errorf("lock %q: %s", key, describe(res))
+	}
+
+	// Queued: wait for the grant notification. Notifications can be lost
+	// (a peer restarts, a connection drops), so the attempt's state is also
+	// read back at a slow interval.
+	poll := time.NewTicker(n.pollInterval())
+	defer poll.Stop()
+	for {
+		select {
+		case tok := <-granted:
+			return s.newLock(key, req, tok), false, nil
+		case <-poll.C:
+			a, err := n.read(ctx, s.shard, lockQuery{Kind: queryRequest, Session: s.id, Req: req})
+			if err != nil {
+				continue
+			}
+			if !a.SessionFound {
+				s.lose(fmt.Errorf("%w: session %d on shard %d expired", ErrLeaseExpired, s.id, s.shard))
+				return nil, true, nil
+			}
+			if a.Request.State == lockfsm.ReqHeld {
+				return s.newLock(key, req, a.Request.Token), false, nil
+			}
+		case <-s.lost:
+			return nil, true, nil
+		case <-ctx.Done():
+			abandoned = n.abandon(s, req)
+			return nil, false, fmt.Errorf("lock %q: %w", key, ctx.Err())
+		case <-n.stop:
+			return nil, false, ErrClosed
+		}
+	}
+}
+
+func (n *Node) pollInterval() time.Duration { return n.cfg.SessionTTL / 4 }
+
+// abandon withdraws an acquire attempt whose caller gave up. Cancel
+// dequeues it, or releases it if it was granted meanwhile, so an abandoned
+// grant never leaks. It runs in the background, bounded by the session TTL,
+// and reports whether it took over finishing req.
+func (n *Node) abandon(s *session, req uint64) bool {
+	if n.isClosed() {
+		return false
+	}
+	n.goFunc(func() {
+		defer s.finish(req)
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
+		defer cancel()
+		_, _ = n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: req})
+	})
+	return true
+}
+
+func (s *session) newLock(key string, req, token uint64) *Lock {
+	l := &Lock{n: s.n, s: s, key: key, req: req, token: token, done: make(chan struct{})}
+	s.mu.Lock()
+	err := s.lostErr
+	if err == nil {
+		s.locks[req] = l
+	}
+	s.mu.Unlock()
+	if err != nil {
+		l.lose(err)
+	}
+	return l
+}

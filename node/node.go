@@ -1,0 +1,344 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+	"github.com/lni/dragonboat/v4/config"
+	"github.com/lni/dragonboat/v4/raftio"
+	sm "github.com/lni/dragonboat/v4/statemachine"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
+	"github.com/lockmesh/lockmesh/mesh"
+	"github.com/lockmesh/lockmesh/transport"
+)
+
+// protocolVersion is gossiped in peer metadata.
+const protocolVersion = 1
+
+// Node is one peer of a lock mesh. It is safe for concurrent use. Create it
+// with Start and release it with Close.
+type Node struct {
+	cfg Config
+	log *slog.Logger
+
+	mesh  *mesh.Mesh
+	nh    *dragonboat.NodeHost
+	rpc   *transport.Server
+	peers *transport.Client
+
+	stop    chan struct{} // closed by Close
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closeMu sync.Mutex
+	closed  atomic.Bool
+
+	ready     chan struct{} // closed once the placement is known and local replicas run
+	placement atomic.Pointer[placement]
+
+	bootMu  sync.Mutex
+	promise *placement // bootstrap plan this peer agreed to, not yet committed
+	promDue time.Time
+
+	batchMu  sync.Mutex
+	batchers map[uint64]*batcher
+
+	sessMu   sync.Mutex
+	sessions map[uint64]*sessionSlot
+
+	waitMu  sync.Mutex
+	waiters map[waiterKey]chan uint64
+
+	leases  leaseTable
+	notifyQ chan notifyJob
+
+	leaderMu sync.Mutex
+	leaders  map[uint64]string // shard -> peer name of the last known leader
+}
+
+// Start starts a peer: it listens on the configured addresses, joins the
+// gossip mesh and then either forms a new cluster with BootstrapExpect
+// peers, rejoins its cluster from DataDir, or joins an existing one. Start
+// returns once the peer listens; calls such as Lock wait (bounded by their
+// context) until the cluster is formed. Use Ready to wait explicitly.
+func Start(ctx context.Context, cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	installDragonboatLogger(cfg.Logger)
+	n := &Node{
+		cfg:      cfg,
+		log:      cfg.Logger.With("peer", cfg.Name),
+		stop:     make(chan struct{}),
+		ready:    make(chan struct{}),
+		batchers: map[uint64]*batcher{},
+		sessions: map[uint64]*sessionSlot{},
+		waiters:  map[waiterKey]chan uint64{},
+		notifyQ:  make(chan notifyJob, 4096),
+		leaders:  map[uint64]string{},
+	}
+	n.leases.init()
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	if err := n.open(ctx); err != nil {
+		n.shutdown()
+		return nil, err
+	}
+	n.goFunc(n.bootstrapLoop)
+	n.goFunc(n.keepAliveLoop)
+	n.goFunc(n.expiryLoop)
+	n.goFunc(n.notifyLoop)
+	return n, nil
+}
+
+func (n *Node) open(ctx context.Context) error {
+	cfg := n.cfg
+	if err := cfg.FS.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	var err error
+	tcfg := transport.Config{Logger: n.log.With("component", "transport")}
+	if n.rpc, err = transport.Listen(cfg.RPCAddr, tcfg, n.handle); err != nil {
+		return fmt.Errorf("listen rpc %s: %w", cfg.RPCAddr, err)
+	}
+	if n.peers, err = transport.NewClient(tcfg); err != nil {
+		return err
+	}
+	n.mesh, err = mesh.Create(mesh.Config{
+		Name:      cfg.Name,
+		BindAddr:  cfg.GossipAddr,
+		SecretKey: cfg.GossipKey,
+		Meta:      mesh.Meta{RaftAddr: cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion},
+		Local:     isLoopback(cfg.GossipAddr),
+		Logger:    n.log.With("component", "gossip"),
+	})
+	if err != nil {
+		return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
+	}
+	nhc := config.NodeHostConfig{
+		NodeHostDir:       cfg.FS.PathJoin(cfg.DataDir, "raft"),
+		RTTMillisecond:    uint64(cfg.RTT / time.Millisecond),
+		RaftAddress:       cfg.RaftAddr,
+		RaftEventListener: leaderListener{n},
+		Expert: config.ExpertConfig{
+			FS:                  cfg.FS,
+			NodeRegistryFactory: n.mesh.NodeRegistryFactory(),
+			LogDB:               config.GetTinyMemLogDBConfig(),
+		},
+	}
+	if n.nh, err = dragonboat.NewNodeHost(nhc); err != nil {
+		return fmt.Errorf("start raft on %s: %w", cfg.RaftAddr, err)
+	}
+	meta := mesh.Meta{NodeHostID: n.nh.ID(), RaftAddr: cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion}
+	if p, err := n.loadRecord(); err != nil {
+		return err
+	} else if p != nil {
+		meta.Cluster = p.ClusterID
+		if err := n.adopt(p); err != nil {
+			return err
+		}
+	}
+	if err := n.mesh.SetMeta(meta); err != nil {
+		return err
+	}
+	if len(cfg.Join) > 0 {
+		jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if _, err := n.mesh.Join(jctx, cfg.Join); err != nil && n.placement.Load() == nil && cfg.BootstrapExpect == 0 {
+			return fmt.Errorf("join %v: %w", cfg.Join, err)
+		} else if err != nil {
+			n.log.Warn("no peer to join yet; waiting for peers to join us", "join", cfg.Join, "err", err)
+		}
+	}
+	return nil
+}
+
+// Ready returns a channel closed once this peer knows the cluster layout and
+// runs its replicas, so that lock calls can be served.
+func (n *Node) Ready() <-chan struct{} { return n.ready }
+
+// Name returns the peer's name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// GossipAddr returns the address memberlist listens on, for others to Join.
+func (n *Node) GossipAddr() string { return n.mesh.Addr() }
+
+// Close stops the peer. It closes this peer's sessions first, so locks it
+// holds are handed to waiters at once instead of after the session TTL,
+// then leaves the gossip mesh and stops every goroutine, listener and file.
+// Close is idempotent; calls made after it return ErrClosed.
+func (n *Node) Close() error {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.closed.Load() {
+		return nil
+	}
+	n.closeSessions()
+	n.closed.Store(true)
+	n.shutdown()
+	return nil
+}
+
+// kill stops the peer abruptly, as a crash would: no session is closed and
+// no goodbye is gossiped. Tests use it.
+func (n *Node) kill() {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.closed.Swap(true) {
+		return
+	}
+	n.shutdown()
+}
+
+func (n *Node) shutdown() {
+	n.closed.Store(true)
+	close(n.stop)
+	n.cancel()
+	if n.mesh != nil {
+		_ = n.mesh.Leave(time.Second)
+		_ = n.mesh.Close()
+	}
+	if n.rpc != nil {
+		_ = n.rpc.Close()
+	}
+	n.wg.Wait()
+	if n.peers != nil {
+		_ = n.peers.Close()
+	}
+	if n.nh != nil {
+		n.nh.Close()
+	}
+}
+
+func (n *Node) isClosed() bool { return n.closed.Load() }
+
+func (n *Node) goFunc(f func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
+}
+
+// waitReady blocks until the cluster layout is known.
+func (n *Node) waitReady(ctx context.Context) (*placement, error) {
+	select {
+	case <-n.ready:
+		return n.placement.Load(), nil
+	case <-n.stop:
+		return nil, ErrClosed
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: cluster not formed yet (bootstrap expects %d peers): %w", ErrUnavailable, n.cfg.BootstrapExpect, ctx.Err())
+	}
+}
+
+// adopt makes p this peer's layout: it records it in the data dir, starts
+// the replicas p places here and opens lock calls. Called once.
+func (n *Node) adopt(p *placement) error {
+	if err := n.saveRecord(p); err != nil {
+		return err
+	}
+	self, hosted := p.peer(n.cfg.Name)
+	for _, shard := range p.shardIDs() {
+		if !hosted || !p.hosts(shard, n.cfg.Name) {
+			continue
+		}
+		if err := n.startReplica(p, shard, self.ReplicaID); err != nil {
+			return err
+		}
+	}
+	n.placement.Store(p)
+	close(n.ready)
+	n.log.Info("cluster layout adopted", "cluster", p.ClusterID, "shards", p.Shards, "peers", len(p.Peers))
+	return nil
+}
+
+func (n *Node) startReplica(p *placement, shard, replicaID uint64) error {
+	rc := config.Config{
+		ShardID:            shard,
+		ReplicaID:          replicaID,
+		ElectionRTT:        10,
+		HeartbeatRTT:       1,
+		CheckQuorum:        true,
+		PreVote:            true,
+		SnapshotEntries:    10000,
+		CompactionOverhead: 5000,
+	}
+	var create sm.CreateStateMachineFunc
+	if shard == metaShardID {
+		create = func(uint64, uint64) sm.IStateMachine { return &metaSM{} }
+	} else {
+		create = func(uint64, uint64) sm.IStateMachine {
+			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants}
+		}
+	}
+	if err := n.nh.StartReplica(p.initialMembers(shard), false, create, rc); err != nil {
+		return fmt.Errorf("start replica %d of shard %d: %w", replicaID, shard, err)
+	}
+	return nil
+}
+
+// hostsShard reports whether this peer runs a replica of shard.
+func (n *Node) hostsShard(shard uint64) bool {
+	p := n.placement.Load()
+	return p != nil && p.hosts(shard, n.cfg.Name)
+}
+
+// leaderListener receives dragonboat's leader changes on its own goroutine;
+// it only records them and never blocks.
+type leaderListener struct{ n *Node }
+
+func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
+	l.n.leases.leaderUpdated(info, l.n.now())
+	if p := l.n.placement.Load(); p != nil && info.LeaderID != 0 {
+		if pe, ok := p.peerByReplica(info.LeaderID); ok {
+			l.n.setLeader(info.ShardID, pe.Name)
+		}
+	}
+}
+
+func (n *Node) setLeader(shard uint64, name string) {
+	n.leaderMu.Lock()
+	n.leaders[shard] = name
+	n.leaderMu.Unlock()
+}
+
+func (n *Node) leader(shard uint64) string {
+	n.leaderMu.Lock()
+	defer n.leaderMu.Unlock()
+	return n.leaders[shard]
+}
+
+// now is the node's clock; the lease logic reads time only through it.
+func (n *Node) now() time.Time { return time.Now() }
+
+// rpcAddr resolves a peer name to its transport address from gossip.
+func (n *Node) rpcAddr(name string) (string, bool) {
+	m, ok := n.mesh.Member(name)
+	if !ok || m.State != mesh.StateAlive || m.Meta.RPCAddr == "" {
+		return "", false
+	}
+	return m.Meta.RPCAddr, true
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+var errNotReady = errors.New("not ready")

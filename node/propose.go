@@ -1,0 +1,327 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
+	"github.com/lockmesh/lockmesh/transport"
+)
+
+// maxInflightBatches bounds the proposals in flight per shard from this
+// peer. While they are out, new commands queue up and go out together in
+// the next entry: batching grows with load by itself.
+const maxInflightBatches = 4
+
+// batcher turns the commands this peer sends to one shard into as few Raft
+// entries as the load allows.
+type batcher struct {
+	n     *Node
+	shard uint64
+	in    chan *pending
+}
+
+type pending struct {
+	cmd  lockfsm.Command
+	done chan outcome // buffered 1
+}
+
+type outcome struct {
+	res lockfsm.Result
+	err error
+}
+
+func (n *Node) batcherFor(shard uint64) *batcher {
+	n.batchMu.Lock()
+	defer n.batchMu.Unlock()
+	b, ok := n.batchers[shard]
+	if !ok {
+		b = &batcher{n: n, shard: shard, in: make(chan *pending, lockfsm.MaxBatch)}
+		n.batchers[shard] = b
+		n.goFunc(b.run)
+	}
+	return b
+}
+
+func (b *batcher) run() {
+	slots := make(chan struct{}, maxInflightBatches)
+	for {
+		var first *pending
+		select {
+		case first = <-b.in:
+		case <-b.n.stop:
+			return
+		}
+		batch := []*pending{first}
+	drain:
+		for len(batch) < lockfsm.MaxBatch {
+			select {
+			case p := <-b.in:
+				batch = append(batch, p)
+			default:
+				break drain
+			}
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-b.n.stop:
+			failAll(batch, ErrClosed)
+			return
+		}
+		b.n.goFunc(func() {
+			defer func() { <-slots }()
+			b.commit(batch)
+		})
+	}
+}
+
+func failAll(batch []*pending, err error) {
+	for _, p := range batch {
+		p.done <- outcome{err: err}
+	}
+}
+
+// commit proposes one batch as one entry and hands each command its result.
+func (b *batcher) commit(batch []*pending) {
+	cmds := make([]lockfsm.Command, len(batch))
+	for i, p := range batch {
+		cmds[i] = p.cmd
+	}
+	data, err := lockfsm.EncodeCommands(cmds)
+	if err != nil {
+		failAll(batch, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(b.n.ctx, b.n.proposalTimeout())
+	defer cancel()
+	results, err := b.n.propose(ctx, b.shard, data)
+	if err == nil && len(results) != len(batch) {
+		err = fmt.Errorf("shard %d answered %d results for %d commands", b.shard, len(results), len(batch))
+	}
+	if err != nil {
+		failAll(batch, err)
+		return
+	}
+	for i, p := range batch {
+		p.done <- outcome{res: results[i]}
+	}
+}
+
+func (n *Node) proposalTimeout() time.Duration { return 40 * n.cfg.RTT }
+
+// apply runs one command on its shard and returns its result. A command
+// whose outcome is unknown (timeout, lost connection, leader change) is
+// sent again, unchanged: the state machine answers repeats of the same
+// (session, request id) from its dedup state, so a retry never grants twice.
+func (n *Node) apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
+	b := n.batcherFor(shard)
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		p := &pending{cmd: cmd, done: make(chan outcome, 1)}
+		select {
+		case b.in <- p:
+		case <-ctx.Done():
+			return lockfsm.Result{}, n.unavailable(shard, ctx.Err(), lastErr)
+		case <-n.stop:
+			return lockfsm.Result{}, ErrClosed
+		}
+		select {
+		case o := <-p.done:
+			if o.err == nil {
+				return o.res, nil
+			}
+			if !retryable(o.err) {
+				return lockfsm.Result{}, fmt.Errorf("shard %d: %w", shard, o.err)
+			}
+			lastErr = o.err
+		case <-ctx.Done():
+			return lockfsm.Result{}, n.unavailable(shard, ctx.Err(), lastErr)
+		case <-n.stop:
+			return lockfsm.Result{}, ErrClosed
+		}
+		if err := n.backoff(ctx, attempt); err != nil {
+			return lockfsm.Result{}, n.unavailable(shard, err, lastErr)
+		}
+	}
+}
+
+func (n *Node) unavailable(shard uint64, ctxErr, lastErr error) error {
+	if n.isClosed() {
+		return ErrClosed
+	}
+	if lastErr == nil {
+		return ctxErr
+	}
+	return fmt.Errorf("%w: shard %d: %w (last error: %v)", ErrUnavailable, shard, ctxErr, lastErr)
+}
+
+// backoff sleeps a jittered, growing interval before a retry.
+func (n *Node) backoff(ctx context.Context, attempt int) error {
+	d := n.cfg.RTT << min(attempt, 5)
+	d = d/2 + rand.N(d/2+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-n.stop:
+		return ErrClosed
+	}
+}
+
+// retryable reports whether an error leaves the outcome unknown or says
+// "not now": the same command may be sent again.
+func retryable(err error) bool {
+	switch {
+	case errors.Is(err, dragonboat.ErrTimeout), errors.Is(err, dragonboat.ErrShardNotReady),
+		errors.Is(err, dragonboat.ErrSystemBusy), errors.Is(err, dragonboat.ErrShardNotFound),
+		errors.Is(err, dragonboat.ErrShardNotInitialized), errors.Is(err, dragonboat.ErrAborted),
+		errors.Is(err, dragonboat.ErrCanceled),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, transport.ErrUnavailable),
+		errors.Is(err, errNotReady):
+		return true
+	}
+	switch errCode(err) {
+	case codeNotHosted, codeNotLeader, codeBusy, codeClosed, codeNoCluster:
+		return true
+	}
+	return false
+}
+
+// propose commits an encoded batch on shard, through the local replica if
+// this peer hosts one, or through a peer that does.
+func (n *Node) propose(ctx context.Context, shard uint64, data []byte) ([]lockfsm.Result, error) {
+	if n.hostsShard(shard) {
+		return n.proposeLocal(ctx, shard, data)
+	}
+	body, err := encodeBody(proposeReq{Shard: shard, Cmds: data})
+	if err != nil {
+		return nil, err
+	}
+	resp, err := n.callHost(ctx, shard, methodPropose, body)
+	if err != nil {
+		return nil, err
+	}
+	return lockfsm.DecodeResults(resp)
+}
+
+func (n *Node) proposeLocal(ctx context.Context, shard uint64, data []byte) ([]lockfsm.Result, error) {
+	r, err := n.nh.SyncPropose(ctx, n.nh.GetNoOPSession(shard), data)
+	if err != nil {
+		return nil, err
+	}
+	if r.Value == resultCorrupt {
+		return nil, fmt.Errorf("shard %d rejected a corrupt entry: %s", shard, r.Data)
+	}
+	return lockfsm.DecodeResults(r.Data)
+}
+
+// serveProposal proposes a batch forwarded by a peer that hosts no replica.
+func (n *Node) serveProposal(ctx context.Context, req proposeReq) ([]byte, error) {
+	if !n.hostsShard(req.Shard) {
+		return nil, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
+	}
+	if len(req.Cmds) > lockfsm.MaxEntrySize {
+		return nil, fmt.Errorf("proposal of %d bytes exceeds %d", len(req.Cmds), lockfsm.MaxEntrySize)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+	defer cancel()
+	r, err := n.nh.SyncPropose(ctx, n.nh.GetNoOPSession(req.Shard), req.Cmds)
+	if err != nil {
+		if retryable(err) {
+			return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
+		}
+		return nil, err
+	}
+	if r.Value == resultCorrupt {
+		return nil, fmt.Errorf("shard %d rejected a corrupt entry: %s", req.Shard, r.Data)
+	}
+	return r.Data, nil
+}
+
+// read answers a query linearizably: through the local replica (ReadIndex)
+// or through a peer that hosts one.
+func (n *Node) read(ctx context.Context, shard uint64, q lockQuery) (lockAnswer, error) {
+	if n.hostsShard(shard) {
+		return n.readLocal(ctx, shard, q)
+	}
+	body, err := encodeBody(readReq{Shard: shard, Query: q})
+	if err != nil {
+		return lockAnswer{}, err
+	}
+	resp, err := n.callHost(ctx, shard, methodRead, body)
+	if err != nil {
+		return lockAnswer{}, err
+	}
+	var a lockAnswer
+	err = decodeBody(resp, &a)
+	return a, err
+}
+
+func (n *Node) readLocal(ctx context.Context, shard uint64, q lockQuery) (lockAnswer, error) {
+	v, err := n.nh.SyncRead(ctx, shard, q)
+	if err != nil {
+		return lockAnswer{}, err
+	}
+	a, ok := v.(lockAnswer)
+	if !ok {
+		return lockAnswer{}, fmt.Errorf("shard %d answered %T", shard, v)
+	}
+	return a, nil
+}
+
+func (n *Node) serveRead(ctx context.Context, req readReq) (lockAnswer, error) {
+	if !n.hostsShard(req.Shard) {
+		return lockAnswer{}, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+	defer cancel()
+	a, err := n.readLocal(ctx, req.Shard, req.Query)
+	if err != nil && retryable(err) {
+		return a, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
+	}
+	return a, err
+}
+
+// callHost sends a request to a peer hosting shard: the last known leader
+// first, then the other replicas in turn.
+func (n *Node) callHost(ctx context.Context, shard uint64, method uint8, body []byte) ([]byte, error) {
+	p := n.placement.Load()
+	if p == nil {
+		return nil, errNotReady
+	}
+	hosts := append([]string(nil), p.Replicas[shard]...)
+	if l := n.leader(shard); l != "" {
+		for i, h := range hosts {
+			if h == l {
+				hosts[0], hosts[i] = hosts[i], hosts[0]
+			}
+		}
+	} else {
+		rand.Shuffle(len(hosts), func(i, j int) { hosts[i], hosts[j] = hosts[j], hosts[i] })
+	}
+	var lastErr error = fmt.Errorf("no live peer hosts shard %d", shard)
+	for _, h := range hosts {
+		addr, ok := n.rpcAddr(h)
+		if !ok {
+			continue
+		}
+		resp, err := n.peers.Call(ctx, addr, method, body)
+		if err == nil {
+			n.setLeader(shard, h)
+			return resp, nil
+		}
+		lastErr = fmt.Errorf("peer %s: %w", h, err)
+		if !retryable(err) || ctx.Err() != nil {
+			return nil, lastErr
+		}
+	}
+	return nil, fmt.Errorf("%w: %w", transport.ErrUnavailable, lastErr)
+}

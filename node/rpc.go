@@ -1,0 +1,129 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
+	"github.com/lockmesh/lockmesh/transport"
+)
+
+// maxBodySize caps every RPC body and placement record this package decodes.
+const maxBodySize = 4 << 20
+
+// RPC methods on lockmesh's transport.
+const (
+	methodPropose      uint8 = iota + 1 // proposeReq -> encoded []lockfsm.Result
+	methodRead                          // readReq -> lockAnswer
+	methodKeepAlive                     // keepAliveReq -> keepAliveResp
+	methodNotify                        // notifyReq -> nothing
+	methodPrepare                       // bootstrap phase one: encoded placement
+	methodCommit                        // bootstrap phase two: encoded placement
+	methodAbort                         // bootstrap abort: cluster id
+	methodGetPlacement                  // -> encoded placement
+)
+
+// Application error codes carried in transport.Error.
+const (
+	codeNotHosted uint16 = 100 + iota // this peer has no replica of the shard
+	codeNotLeader                     // keepalive sent to a replica that is not the leader
+	codeBusy                          // retryable: shard not ready, timeout, system busy
+	codeRejected                      // bootstrap plan refused
+	codeNoCluster                     // this peer is not part of a cluster yet
+	codeClosed                        // the peer is shutting down
+)
+
+type proposeReq struct {
+	Shard uint64 `msgpack:"s"`
+	Cmds  []byte `msgpack:"c"` // lockfsm.EncodeCommands
+}
+
+type readReq struct {
+	Shard uint64    `msgpack:"s"`
+	Query lockQuery `msgpack:"q"`
+}
+
+type keepAliveReq struct {
+	Shard    uint64   `msgpack:"s"`
+	Sessions []uint64 `msgpack:"i"`
+}
+
+type keepAliveResp struct {
+	Expired []uint64 `msgpack:"x"` // sessions the leader does not know or is expiring
+	Leader  string   `msgpack:"l"` // with codeNotLeader: the leader's peer name, if known
+}
+
+type notifyReq struct {
+	Shard  uint64          `msgpack:"s"`
+	Grants []lockfsm.Grant `msgpack:"g"`
+}
+
+func encodeBody(v any) ([]byte, error) { return msgpack.Marshal(v) }
+
+func decodeBody(b []byte, v any) error {
+	if len(b) > maxBodySize {
+		return fmt.Errorf("rpc body of %d bytes exceeds %d", len(b), maxBodySize)
+	}
+	return msgpack.Unmarshal(b, v)
+}
+
+// rpcError builds a transport error the caller can classify by code.
+func rpcError(code uint16, format string, args ...any) error {
+	return &transport.Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+func errCode(err error) uint16 {
+	var te *transport.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 0
+}
+
+// handle serves lockmesh's transport. Each call runs on its own goroutine.
+func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, error) {
+	if n.isClosed() {
+		return nil, rpcError(codeClosed, "peer %s is closing", n.cfg.Name)
+	}
+	switch method {
+	case methodPropose:
+		var req proposeReq
+		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		return n.serveProposal(ctx, req)
+	case methodRead:
+		var req readReq
+		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		a, err := n.serveRead(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return encodeBody(a)
+	case methodKeepAlive:
+		var req keepAliveReq
+		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		resp, err := n.serveKeepAlive(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return encodeBody(resp)
+	case methodNotify:
+		var req notifyReq
+		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		n.deliverGrants(req.Shard, req.Grants, false)
+		return nil, nil
+	case methodPrepare, methodCommit, methodAbort, methodGetPlacement:
+		return n.serveBootstrap(ctx, method, body)
+	}
+	return nil, fmt.Errorf("unknown method %d", method)
+}
