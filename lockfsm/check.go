@@ -11,7 +11,7 @@ import (
 //     token issued by the shard;
 //   - every holder and waiter is a live attempt of a live session, on that
 //     key, listed exactly once, and every live attempt is listed;
-//   - session counters match their attempts.
+//   - session counters and prune lists match their attempts.
 //
 // Load runs it on every snapshot; tests and fuzzers run it after Apply.
 func (s *State) Verify() error {
@@ -106,6 +106,17 @@ func (s *State) Verify() error {
 			case ReqWaiting:
 				waiting++
 			}
+		}
+		if len(sess.terminal) != len(sess.reqs)-held-waiting {
+			return fmt.Errorf("session %d: %d terminal attempts listed for pruning, %d recorded", id, len(sess.terminal), len(sess.reqs)-held-waiting)
+		}
+		listed := map[uint64]bool{}
+		for _, req := range sess.terminal {
+			at := sess.reqs[req]
+			if at == nil || at.state.live() || listed[req] {
+				return fmt.Errorf("session %d: attempt %d listed for pruning is missing, live or listed twice", id, req)
+			}
+			listed[req] = true
 		}
 		if held != sess.held || waiting != sess.waiting {
 			return fmt.Errorf("session %d: counts held %d waiting %d, records say %d and %d", id, sess.held, sess.waiting, held, waiting)

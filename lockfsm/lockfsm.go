@@ -230,6 +230,15 @@ type session struct {
 	held    int
 	waiting int
 	reqs    map[uint64]*attempt
+	// terminal lists the request ids of terminal attempts, the only ones
+	// prune may forget, so an Ack costs O(unacknowledged), not O(held).
+	terminal []uint64
+}
+
+// finish records that the attempt req has reached a terminal state.
+func (sess *session) finish(req uint64, at *attempt, state ReqState) {
+	at.state = state
+	sess.terminal = append(sess.terminal, req)
 }
 
 // slot is a holder (token > 0) or a waiter (token 0) of a key.
@@ -366,13 +375,17 @@ func (a *applier) apply(c *Command) Result {
 }
 
 // prune forgets terminal attempts whose every request is acknowledged.
-// Deleting while ranging is order-independent, so no map order leaks.
 func (sess *session) prune() {
-	for req, at := range sess.reqs {
-		if !at.state.live() && at.last < sess.ack {
+	kept := sess.terminal[:0]
+	for _, req := range sess.terminal {
+		if sess.reqs[req].last < sess.ack {
 			delete(sess.reqs, req)
+		} else {
+			kept = append(kept, req)
 		}
 	}
+	clear(sess.terminal[len(kept):])
+	sess.terminal = kept
 }
 
 // answer reports the current state of an existing attempt to a repeated Acquire.
@@ -423,7 +436,7 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 		return Result{Status: StatusGranted, Token: at.token}
 	}
 	if !c.Wait {
-		at.state = ReqRejected
+		sess.finish(c.Req, at, ReqRejected)
 		return Result{Status: StatusLocked}
 	}
 	at.state = ReqWaiting
@@ -464,7 +477,7 @@ func (a *applier) unhold(sess *session, req uint64, at *attempt) {
 	k := a.s.keys[at.key]
 	k.holders = slices.DeleteFunc(k.holders, func(h slot) bool { return h.session == sess.id && h.req == req })
 	sess.held--
-	at.state = ReqReleased
+	sess.finish(req, at, ReqReleased)
 	a.handOff(at.key, k)
 }
 
@@ -473,7 +486,7 @@ func (a *applier) unqueue(sess *session, req uint64, at *attempt) {
 	k := a.s.keys[at.key]
 	k.waiters = slices.DeleteFunc(k.waiters, func(w slot) bool { return w.session == sess.id && w.req == req })
 	sess.waiting--
-	at.state = ReqCancelled
+	sess.finish(req, at, ReqCancelled)
 	// A waiter leaving never frees capacity, but the queue may now be empty.
 	a.handOff(at.key, k)
 }
@@ -509,7 +522,9 @@ func (a *applier) cancel(sess *session, c *Command) Result {
 		// instead of queueing an attempt nobody waits for. Target 0 and
 		// targets below the Ack can never be acquired, so need none.
 		if c.Target != 0 && c.Target >= sess.ack {
-			sess.reqs[c.Target] = &attempt{state: ReqCancelled, last: max(c.Target, c.Req)}
+			at := &attempt{last: max(c.Target, c.Req)}
+			sess.reqs[c.Target] = at
+			sess.finish(c.Target, at, ReqCancelled)
 		}
 		return Result{Status: StatusCancelled}
 	}

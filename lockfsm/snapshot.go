@@ -215,6 +215,8 @@ func decodeSnapshot(b []byte) (*State, error) {
 				sess.held++
 			case ReqWaiting:
 				sess.waiting++
+			default:
+				sess.terminal = append(sess.terminal, req)
 			}
 		}
 		s.sessions[sess.id] = sess
