@@ -182,10 +182,12 @@ func (c *Client) Close() error {
 	}
 	c.mu.Unlock()
 	if first {
-		c.cancel()
+		// Fail connections before aborting dials, so that callers waiting
+		// on a dial see ErrClosed rather than a cancelled dial.
 		for _, cc := range conns {
 			cc.fail(ErrClosed)
 		}
+		c.cancel()
 	}
 	c.wg.Wait()
 	return nil

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"time"
 )
@@ -14,6 +13,10 @@ import (
 // DefaultMaxFrameSize is the frame body limit used when Config.MaxFrameSize
 // is zero.
 const DefaultMaxFrameSize = 4 << 20
+
+// maxFrameSizeLimit is the largest MaxFrameSize Config accepts; it fits the
+// 4-byte length prefix and an int on every platform.
+const maxFrameSizeLimit = 1 << 30
 
 // DefaultDialTimeout is the dial (and TLS handshake) timeout used when
 // Config.DialTimeout is zero.
@@ -69,8 +72,8 @@ func DefaultConfig() Config {
 // Validate reports a Config that cannot work.
 func (c Config) Validate() error {
 	var errs []error
-	if c.MaxFrameSize != 0 && (c.MaxFrameSize < minFrameSize || c.MaxFrameSize > math.MaxUint32) {
-		errs = append(errs, fmt.Errorf("transport: MaxFrameSize %d outside [%d, %d]; use 0 for the default of %d", c.MaxFrameSize, minFrameSize, uint32(math.MaxUint32), DefaultMaxFrameSize))
+	if c.MaxFrameSize != 0 && (c.MaxFrameSize < minFrameSize || c.MaxFrameSize > maxFrameSizeLimit) {
+		errs = append(errs, fmt.Errorf("transport: MaxFrameSize %d outside [%d, %d]; use 0 for the default of %d", c.MaxFrameSize, minFrameSize, maxFrameSizeLimit, DefaultMaxFrameSize))
 	}
 	if c.DialTimeout < 0 {
 		errs = append(errs, fmt.Errorf("transport: DialTimeout %v is negative; use 0 for the default of %v", c.DialTimeout, DefaultDialTimeout))

@@ -54,20 +54,21 @@ func Listen(addr string, cfg Config, h Handler) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: listen on %s: %w", addr, err)
 	}
-	return Serve(ln, cfg, h)
+	return NewServer(ln, cfg, h)
 }
 
-// Serve is Listen on a listener the caller made, for example one from an
-// in-memory test network. The Server owns ln from then on and closes it in
-// Close, also when Serve fails.
-func Serve(ln net.Listener, cfg Config, h Handler) (*Server, error) {
+// NewServer is Listen on a listener the caller made, for example one from
+// an in-memory test network. It returns at once, serving in the background.
+// The Server owns ln from then on and closes it in Close; NewServer closes
+// it when it fails.
+func NewServer(ln net.Listener, cfg Config, h Handler) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		ln.Close()
 		return nil, err
 	}
 	if h == nil {
 		ln.Close()
-		return nil, errors.New("transport: Serve needs a non-nil Handler")
+		return nil, errors.New("transport: NewServer needs a non-nil Handler")
 	}
 	cfg = cfg.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())

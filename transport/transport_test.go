@@ -354,7 +354,7 @@ func TestConfigValidate(t *testing.T) {
 	for _, cfg := range []transport.Config{
 		{MaxFrameSize: -1},
 		{MaxFrameSize: 10},
-		{MaxFrameSize: 1 << 33},
+		{MaxFrameSize: 1<<30 + 1},
 		{DialTimeout: -time.Second},
 		{MaxConcurrentRequests: -1},
 	} {
@@ -448,5 +448,32 @@ func TestHostileInput(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestNewServerAndDialHook(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := transport.NewServer(ln, transport.Config{}, echo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var dials atomic.Int32
+	c := newClient(t, transport.Config{Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}})
+	ctx := ctxTimeout(t, 5*time.Second)
+	for range 10 {
+		if _, err := c.Call(ctx, s.Addr(), 1, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d dials for 10 calls to one peer, want 1 shared connection", n)
 	}
 }
