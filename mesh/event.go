@@ -3,8 +3,6 @@ package mesh
 import (
 	"log/slog"
 	"sync"
-
-	"github.com/hashicorp/memberlist"
 )
 
 // State is a member's liveness as this peer sees it.
@@ -14,9 +12,12 @@ const (
 	// StateAlive means the member answers probes.
 	StateAlive State = iota
 	// StateSuspect means a probe failed and the member may be dead; it is
-	// still a member (and still resolvable) until declared dead.
+	// still a member (and still resolvable) until declared dead. Reserved:
+	// memberlist v0.7.0 does not expose suspicion, so Members reports
+	// suspect peers as StateAlive.
 	StateSuspect
-	// StateDead means the member stopped answering and was declared dead.
+	// StateDead means the member stopped answering and was declared dead
+	// (or left without its leave notice reaching this peer).
 	StateDead
 	// StateLeft means the member left gracefully with [Mesh.Leave].
 	StateLeft
@@ -35,19 +36,6 @@ func (s State) String() string {
 		return "left"
 	default:
 		return "unknown"
-	}
-}
-
-func stateOf(s memberlist.NodeStateType) State {
-	switch s {
-	case memberlist.StateAlive:
-		return StateAlive
-	case memberlist.StateSuspect:
-		return StateSuspect
-	case memberlist.StateLeft:
-		return StateLeft
-	default:
-		return StateDead
 	}
 }
 

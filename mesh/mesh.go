@@ -22,6 +22,18 @@ const (
 	joinBackoffMax = 5 * time.Second
 )
 
+// Overrides of memberlist.DefaultLocalConfig for Config.Local.
+const (
+	localRetransmitMult   = 4
+	localPushPullInterval = 2 * time.Second
+)
+
+// msgLeaveIntent prefixes the user message a peer sends to every member
+// just before it leaves, followed by its name. memberlist reports left and
+// dead peers alike through NotifyLeave without saying which (Node.State is
+// not maintained in v0.7.0), so the intent is how peers tell them apart.
+const msgLeaveIntent byte = 1
+
 // Mesh is this peer's membership in the gossip mesh. Its methods are safe
 // for concurrent use.
 type Mesh struct {
@@ -40,7 +52,8 @@ type Mesh struct {
 	// event callbacks report them. The registry resolves from it.
 	viewMu   sync.RWMutex
 	view     map[string]Member
-	byHostID map[string]string // NodeHostID -> member name
+	byHostID map[string]string   // NodeHostID -> member name
+	leaving  map[string]struct{} // members (in view) that announced Leave
 
 	// closeMu orders Join's WaitGroup.Add before Close's Wait.
 	closeMu sync.RWMutex
@@ -77,6 +90,7 @@ func Create(cfg Config) (*Mesh, error) {
 		metaBytes: metaBytes,
 		view:      make(map[string]Member),
 		byHostID:  make(map[string]string),
+		leaving:   make(map[string]struct{}),
 	}
 	if cfg.OnEvent != nil {
 		m.events = newEventQueue(cfg.OnEvent, logger)
@@ -85,6 +99,12 @@ func Create(cfg Config) (*Mesh, error) {
 	mc := memberlist.DefaultLANConfig()
 	if cfg.Local {
 		mc = memberlist.DefaultLocalConfig()
+		// DefaultLocalConfig retransmits each broadcast only twice, so in a
+		// mesh of five a metadata update regularly misses a peer until the
+		// next push-pull, 15 s later. Loopback bandwidth is free: use the
+		// LAN retransmit count and a short push-pull as the safety net.
+		mc.RetransmitMult = localRetransmitMult
+		mc.PushPullInterval = localPushPullInterval
 	}
 	mc.Name = cfg.Name
 	host, port, _ := splitHostPort(cfg.BindAddr) // validated
@@ -203,8 +223,8 @@ func (m *Mesh) LocalMeta() Meta {
 	return m.meta
 }
 
-// Members returns the live (alive or suspect) members whose metadata
-// decodes, this peer included until it leaves, sorted by Name.
+// Members returns the live members (not yet declared dead or left) whose
+// metadata decodes, this peer included until it leaves, sorted by Name.
 func (m *Mesh) Members() []Member {
 	nodes := m.list.Members()
 	out := make([]Member, 0, len(nodes))
@@ -228,12 +248,14 @@ func (m *Mesh) Member(name string) (Member, bool) {
 	return Member{}, false
 }
 
+// memberOf converts a live memberlist node. Its State is always
+// StateAlive: memberlist v0.7.0 does not expose suspicion.
 func memberOf(n *memberlist.Node) (Member, bool) {
 	meta, err := DecodeMeta(n.Meta)
 	if err != nil {
 		return Member{}, false
 	}
-	return Member{Name: n.Name, Addr: n.Address(), Meta: meta, State: stateOf(n.State)}, true
+	return Member{Name: n.Name, Addr: n.Address(), Meta: meta, State: StateAlive}, true
 }
 
 // SetMeta replaces the metadata this peer gossips and broadcasts it. It
@@ -259,11 +281,22 @@ func (m *Mesh) SetMeta(meta Meta) error {
 }
 
 // Leave tells the other peers this one is leaving, waiting up to timeout
-// for the message to go out, so they see it as left rather than dead. The
-// peer keeps running until Close; call Close afterwards.
+// for the message to go out, so they report it with [StateLeft] rather
+// than [StateDead] (a peer that misses the best-effort notice reports
+// StateDead). The peer keeps running until Close; call Close afterwards.
 func (m *Mesh) Leave(timeout time.Duration) error {
 	if m.isClosed() {
 		return ErrClosed
+	}
+	m.noteLeaving(m.cfg.Name)
+	intent := append([]byte{msgLeaveIntent}, m.cfg.Name...)
+	for _, n := range m.list.Members() {
+		if n.Name == m.cfg.Name {
+			continue
+		}
+		if err := m.list.SendBestEffort(n, intent); err != nil {
+			m.log.Debug("mesh: leave notice not sent", "member", n.Name, "err", err)
+		}
 	}
 	if err := m.list.Leave(timeout); err != nil {
 		return fmt.Errorf("mesh: leave: %w", err)
@@ -329,7 +362,7 @@ func (m *Mesh) lookupRaftAddr(nodeHostID string) (string, bool) {
 // matching event. It runs on memberlist's goroutines, often under
 // memberlist's locks, so it must not block or call back into memberlist.
 func (m *Mesh) observe(n *memberlist.Node, gone bool) {
-	mem := Member{Name: n.Name, Addr: n.Address(), State: stateOf(n.State)}
+	mem := Member{Name: n.Name, Addr: n.Address(), State: StateAlive}
 	var decodeErr error
 	if !gone {
 		mem.Meta, decodeErr = DecodeMeta(n.Meta)
@@ -337,6 +370,16 @@ func (m *Mesh) observe(n *memberlist.Node, gone bool) {
 
 	m.viewMu.Lock()
 	defer m.viewMu.Unlock()
+	if gone {
+		mem.State = StateDead
+		if _, ok := m.leaving[n.Name]; ok {
+			mem.State = StateLeft
+		}
+	}
+	if gone || !m.inView(n.Name) {
+		// A member that comes back after leaving must announce again.
+		delete(m.leaving, n.Name)
+	}
 	old, had := m.view[n.Name]
 	var ev Event
 	switch {
@@ -365,6 +408,21 @@ func (m *Mesh) observe(n *memberlist.Node, gone bool) {
 	// Queued under viewMu so events come out in the order the view changed.
 	if m.events != nil {
 		m.events.push(ev)
+	}
+}
+
+func (m *Mesh) inView(name string) bool {
+	_, ok := m.view[name]
+	return ok
+}
+
+// noteLeaving records a leave notice from a member in the view; notices
+// about unknown names are dropped so the set stays bounded by the view.
+func (m *Mesh) noteLeaving(name string) {
+	m.viewMu.Lock()
+	defer m.viewMu.Unlock()
+	if m.inView(name) {
+		m.leaving[name] = struct{}{}
 	}
 }
 
@@ -414,7 +472,16 @@ func (d delegate) NodeMeta(limit int) []byte {
 	return slices.Clone(d.m.metaBytes)
 }
 
-func (delegate) NotifyMsg([]byte)                       {}
+// NotifyMsg receives leave notices (see msgLeaveIntent) and ignores any
+// other message. It runs on memberlist's packet handler and only takes
+// viewMu briefly.
+func (d delegate) NotifyMsg(msg []byte) {
+	if len(msg) < 2 || len(msg) > 1+MaxMetaSize || msg[0] != msgLeaveIntent {
+		return
+	}
+	d.m.noteLeaving(string(msg[1:]))
+}
+
 func (delegate) GetBroadcasts(int, int) [][]byte        { return nil }
 func (delegate) LocalState(bool) []byte                 { return nil }
 func (delegate) MergeRemoteState(buf []byte, join bool) {}

@@ -1,0 +1,352 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// recorder collects OnEvent calls.
+type recorder struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (r *recorder) add(e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func (r *recorder) find(kind EventKind, name string) (Event, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.events {
+		if e.Kind == kind && e.Member.Name == name {
+			return e, true
+		}
+	}
+	return Event{}, false
+}
+
+func testMeta(name string) Meta {
+	return Meta{NodeHostID: "nh-" + name, RaftAddr: "raft-" + name + ":1", RPCAddr: "rpc-" + name + ":2", Version: 1}
+}
+
+// startMesh creates a loopback peer that Close()s at test end.
+func startMesh(t *testing.T, name string, key []byte, rec *recorder) *Mesh {
+	t.Helper()
+	cfg := Config{
+		Name:      name,
+		BindAddr:  "127.0.0.1:0",
+		SecretKey: key,
+		Meta:      testMeta(name),
+		Local:     true,
+	}
+	if testing.Verbose() && os.Getenv("MESH_DEBUG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("peer", name)
+	}
+	if rec != nil {
+		cfg.OnEvent = rec.add
+	}
+	m, err := Create(cfg)
+	if err != nil {
+		t.Fatalf("Create(%s): %v", name, err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func names(ms []Member) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Name
+	}
+	return out
+}
+
+func joinCtx(t *testing.T, m *Mesh, addr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if n, err := m.Join(ctx, []string{addr}); err != nil || n != 1 {
+		t.Fatalf("%s: Join(%s) = %d, %v", m.LocalName(), addr, n, err)
+	}
+}
+
+func TestMeshMembership(t *testing.T) {
+	for _, size := range []int{3, 5} {
+		t.Run(fmt.Sprintf("%d peers", size), func(t *testing.T) {
+			t.Parallel()
+			testMembership(t, size)
+		})
+	}
+}
+
+func testMembership(t *testing.T, size int) {
+	meshes := make([]*Mesh, size)
+	recs := make([]*recorder, size)
+	var want []string
+	for i := range meshes {
+		recs[i] = &recorder{}
+		meshes[i] = startMesh(t, fmt.Sprintf("m%d", i), nil, recs[i])
+		want = append(want, meshes[i].LocalName())
+	}
+	// Everyone joins through the first peer only.
+	for _, m := range meshes[1:] {
+		joinCtx(t, m, meshes[0].Addr())
+	}
+	for _, m := range meshes {
+		waitFor(t, 5*time.Second, m.LocalName()+" sees every peer", func() bool {
+			return slices.Equal(names(m.Members()), want)
+		})
+		for _, mem := range m.Members() {
+			if mem.Meta != testMeta(mem.Name) || mem.State != StateAlive {
+				t.Fatalf("%s sees %+v, want meta %+v alive", m.LocalName(), mem, testMeta(mem.Name))
+			}
+		}
+	}
+	for i, rec := range recs {
+		for _, name := range want {
+			if _, ok := rec.find(EventJoin, name); !ok {
+				t.Fatalf("m%d got no join event for %s", i, name)
+			}
+		}
+	}
+
+	// The registry of m0 resolves m1's NodeHostID to m1's raft address.
+	reg, err := meshes[0].NodeRegistryFactory().Create("nh-m0", 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Add(7, 2, "nh-m1")
+	mustResolve(t, reg, 7, 2, "raft-m1:1")
+
+	// Metadata updates reach everyone, and m0 hears an update event.
+	changed := testMeta("m1")
+	changed.Cluster = 42
+	changed.RaftAddr = "raft-m1-moved:1"
+	if err := meshes[1].SetMeta(changed); err != nil {
+		t.Fatalf("SetMeta: %v", err)
+	}
+	if got := meshes[1].LocalMeta(); got != changed {
+		t.Fatalf("LocalMeta = %+v, want %+v", got, changed)
+	}
+	for _, m := range meshes {
+		waitFor(t, 5*time.Second, m.LocalName()+" sees m1's new meta", func() bool {
+			mem, ok := m.Member("m1")
+			return ok && mem.Meta == changed
+		})
+	}
+	waitFor(t, 2*time.Second, "m0 gets an update event for m1", func() bool {
+		e, ok := recs[0].find(EventUpdate, "m1")
+		return ok && e.Member.Meta == changed
+	})
+	mustResolve(t, reg, 7, 2, "raft-m1-moved:1")
+
+	// A peer that vanishes without Leave is eventually dead.
+	last := meshes[size-1]
+	if err := last.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	reg.Add(7, 3, "nh-"+last.LocalName())
+	waitFor(t, 15*time.Second, "m0 sees "+last.LocalName()+" dead", func() bool {
+		e, ok := recs[0].find(EventLeave, last.LocalName())
+		return ok && e.Member.State == StateDead
+	})
+	if _, ok := meshes[0].Member(last.LocalName()); ok {
+		t.Fatalf("dead %s still listed", last.LocalName())
+	}
+	mustNotResolve(t, reg, 7, 3)
+
+	// A peer that leaves is seen as left.
+	leaver := meshes[1]
+	if err := leaver.Leave(2 * time.Second); err != nil {
+		t.Fatalf("Leave: %v", err)
+	}
+	if err := leaver.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	waitFor(t, 5*time.Second, "m0 sees m1 left", func() bool {
+		e, ok := recs[0].find(EventLeave, "m1")
+		return ok && e.Member.State == StateLeft
+	})
+	mustNotResolve(t, reg, 7, 2)
+	wantLeft := slices.DeleteFunc(slices.Clone(want), func(n string) bool { return n == "m1" || n == last.LocalName() })
+	if got := names(meshes[0].Members()); !slices.Equal(got, wantLeft) {
+		t.Fatalf("m0 members after leave and death = %v, want %v", got, wantLeft)
+	}
+}
+
+func TestGossipEncryption(t *testing.T) {
+	t.Parallel()
+	key := []byte("0123456789abcdef0123456789abcdef")
+	other := []byte("fedcba9876543210")
+	a := startMesh(t, "a", key, nil)
+	b := startMesh(t, "b", key, nil)
+	joinCtx(t, b, a.Addr())
+	waitFor(t, 5*time.Second, "a and b see each other", func() bool {
+		return len(a.Members()) == 2 && len(b.Members()) == 2
+	})
+
+	plain := startMesh(t, "plain", nil, nil)
+	wrong := startMesh(t, "wrong", other, nil)
+	for _, m := range []*Mesh{plain, wrong} {
+		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+		n, err := m.Join(ctx, []string{a.Addr()})
+		cancel()
+		if err == nil || n != 0 {
+			t.Fatalf("%s joined an encrypted mesh: n=%d err=%v", m.LocalName(), n, err)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s: Join error %v does not wrap the context error", m.LocalName(), err)
+		}
+	}
+	// Give stray packets time to land, then check nobody got in.
+	time.Sleep(500 * time.Millisecond)
+	for _, m := range []*Mesh{a, b} {
+		if got := names(m.Members()); !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("%s members = %v, want [a b]", m.LocalName(), got)
+		}
+	}
+	for _, m := range []*Mesh{plain, wrong} {
+		if got := names(m.Members()); !slices.Equal(got, []string{m.LocalName()}) {
+			t.Fatalf("%s members = %v, want only itself", m.LocalName(), got)
+		}
+	}
+}
+
+// A peer whose metadata cannot be decoded stays a gossip member but is
+// invisible to Members, events and the registry.
+func TestUndecodableMetaIgnored(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	m := startMesh(t, "m", nil, rec)
+
+	mc := memberlist.DefaultLocalConfig()
+	mc.Name = "alien"
+	mc.BindAddr, mc.BindPort = "127.0.0.1", 0
+	mc.Delegate = fixedMeta([]byte{0x7f, 0x01})
+	mc.Logger = slog.NewLogLogger(slog.DiscardHandler, slog.LevelError)
+	alien, err := memberlist.Create(mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { alien.Shutdown() })
+	if _, err := alien.Join([]string{m.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "memberlist sees the alien", func() bool { return m.list.NumMembers() == 2 })
+	if got := names(m.Members()); !slices.Equal(got, []string{"m"}) {
+		t.Fatalf("Members = %v, want [m]", got)
+	}
+	if _, ok := m.Member("alien"); ok {
+		t.Fatal("Member(alien) found")
+	}
+	if _, ok := rec.find(EventJoin, "alien"); ok {
+		t.Fatal("join event for the alien")
+	}
+}
+
+type fixedMeta []byte
+
+func (f fixedMeta) NodeMeta(int) []byte                  { return f }
+func (fixedMeta) NotifyMsg([]byte)                       {}
+func (fixedMeta) GetBroadcasts(int, int) [][]byte        { return nil }
+func (fixedMeta) LocalState(bool) []byte                 { return nil }
+func (fixedMeta) MergeRemoteState(buf []byte, join bool) {}
+
+func TestMeshLifecycle(t *testing.T) {
+	t.Parallel()
+	m := startMesh(t, "solo", nil, nil)
+	if got := names(m.Members()); !slices.Equal(got, []string{"solo"}) {
+		t.Fatalf("Members = %v, want [solo]", got)
+	}
+	if n, err := m.Join(context.Background(), nil); n != 0 || err != nil {
+		t.Fatalf("Join(nil) = %d, %v; want 0, nil", n, err)
+	}
+	// Nothing listens on port 1: Join retries until ctx ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	start := time.Now()
+	_, err := m.Join(ctx, []string{"127.0.0.1:1"})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Join to a closed port: %v, want DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Join overran its context by %v", d)
+	}
+	// The registry works before any other member exists.
+	reg, err := m.NodeRegistryFactory().Create("nh-solo", 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Add(1, 1, "nh-nobody")
+	mustNotResolve(t, reg, 1, 1)
+	reg.Add(1, 2, "nh-solo")
+	mustResolve(t, reg, 1, 2, "raft-solo:1")
+
+	if err := m.SetMeta(Meta{RPCAddr: string(make([]byte, 300))}); !errors.Is(err, ErrMetaTooLarge) {
+		t.Fatalf("SetMeta too large: %v", err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := m.Join(context.Background(), []string{"127.0.0.1:1"}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Join after Close: %v", err)
+	}
+	if err := m.SetMeta(Meta{}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("SetMeta after Close: %v", err)
+	}
+	if err := m.Leave(time.Second); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Leave after Close: %v", err)
+	}
+}
+
+// Closing while a Join is in flight waits for it rather than leaking it.
+func TestCloseDuringJoin(t *testing.T) {
+	t.Parallel()
+	m := startMesh(t, "joiner", nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Join(ctx, []string{"127.0.0.1:1"})
+		done <- err
+	}()
+	time.Sleep(150 * time.Millisecond)
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Join succeeded against a closed port")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Join did not return after Close and cancel")
+	}
+}
