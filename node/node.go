@@ -89,7 +89,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.leases.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(ctx); err != nil {
-		n.shutdown()
+		n.shutdown(false)
 		return nil, err
 	}
 	n.goFunc(n.bootstrapLoop)
@@ -149,15 +149,23 @@ func (n *Node) open(ctx context.Context) error {
 	if err := n.mesh.SetMeta(meta); err != nil {
 		return err
 	}
-	if len(cfg.Join) > 0 {
-		jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if _, err := n.mesh.Join(jctx, cfg.Join); err != nil && n.placement.Load() == nil && cfg.BootstrapExpect == 0 {
-			return fmt.Errorf("join %v: %w", cfg.Join, err)
-		} else if err != nil {
-			n.log.Warn("no peer to join yet; waiting for peers to join us", "join", cfg.Join, "err", err)
-		}
+	if len(cfg.Join) == 0 {
+		return nil
 	}
+	if n.placement.Load() == nil && cfg.BootstrapExpect == 0 {
+		// Joining an existing cluster: nothing works until we reach it.
+		if _, err := n.mesh.Join(ctx, cfg.Join); err != nil {
+			return fmt.Errorf("join %v: %w", cfg.Join, err)
+		}
+		return nil
+	}
+	// Bootstrapping or restarting: the peers we know may be starting too,
+	// so keep trying in the background; they may also reach us first.
+	n.goFunc(func() {
+		if _, err := n.mesh.Join(n.ctx, cfg.Join); err != nil && !n.isClosed() {
+			n.log.Warn("could not join any peer", "join", cfg.Join, "err", err)
+		}
+	})
 	return nil
 }
 
@@ -182,8 +190,7 @@ func (n *Node) Close() error {
 		return nil
 	}
 	n.closeSessions()
-	n.closed.Store(true)
-	n.shutdown()
+	n.shutdown(true)
 	return nil
 }
 
@@ -192,18 +199,21 @@ func (n *Node) Close() error {
 func (n *Node) kill() {
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
-	if n.closed.Swap(true) {
+	if n.closed.Load() {
 		return
 	}
-	n.shutdown()
+	n.shutdown(false)
 }
 
-func (n *Node) shutdown() {
+// shutdown stops everything; leave says goodbye on gossip first.
+func (n *Node) shutdown(leave bool) {
 	n.closed.Store(true)
 	close(n.stop)
 	n.cancel()
 	if n.mesh != nil {
-		_ = n.mesh.Leave(time.Second)
+		if leave {
+			_ = n.mesh.Leave(time.Second)
+		}
 		_ = n.mesh.Close()
 	}
 	if n.rpc != nil {
