@@ -22,8 +22,9 @@ const (
 	MaxEntrySize = 4 << 20
 	// MaxErrLen is the longest Result.Err the result decoder accepts.
 	MaxErrLen = 1024
-	// MaxSnapshotSize is the largest snapshot Load reads, in bytes.
-	MaxSnapshotSize = 4 << 30
+	// MaxSnapshotSize is the largest snapshot Load reads, in bytes (about
+	// 30 million remembered lock attempts). It fits an int on 32-bit targets.
+	MaxSnapshotSize = 1 << 30
 )
 
 // extraSessionBit marks the IDs of the second and later sessions opened by
@@ -185,11 +186,11 @@ type ReqState uint8
 // Lock attempt states. Waiting and Held are live; the others are terminal
 // and kept only for deduplication until acknowledged (see Command.Ack).
 const (
-	ReqWaiting ReqState = iota + 1
-	ReqHeld
-	ReqReleased
-	ReqCancelled
-	ReqRejected
+	ReqWaiting   ReqState = iota + 1 // queued in the key's FIFO
+	ReqHeld                          // granted and not released
+	ReqReleased                      // granted, then released (Release, Cancel)
+	ReqCancelled                     // left the queue, or cancelled before its Acquire arrived
+	ReqRejected                      // TryLock refused
 )
 
 // String returns the state name.

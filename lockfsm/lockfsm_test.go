@@ -164,6 +164,15 @@ func TestApplyTable(t *testing.T) {
 				t.Errorf("Request of an expired session found it")
 			}
 		}},
+		{name: "expiry hands off in request id order, not map order", steps: []step{
+			one(acq(A, 4, "d", true), granted(1), g("d", A, 4, 1)),
+			one(acq(A, 2, "b", true), granted(2), g("b", A, 2, 2)),
+			one(acq(A, 1, "a", true), granted(3), g("a", A, 1, 3)),
+			one(acq(A, 3, "c", true), granted(4), g("c", A, 3, 4)),
+			{cmds: []Command{acq(B, 1, "d", true), acq(B, 2, "c", true), acq(C, 1, "b", true), acq(B, 3, "a", true)},
+				want: []Result{queued, queued, queued, queued}},
+			one(expire(A), ok, g("a", B, 3, 5), g("b", C, 1, 6), g("c", B, 2, 7), g("d", B, 1, 8)),
+		}},
 		{name: "close session releases and forgets", steps: []step{
 			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
 			one(acq(B, 1, "x", true), queued),
