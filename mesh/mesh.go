@@ -223,16 +223,19 @@ func (m *Mesh) LocalMeta() Meta {
 	return m.meta
 }
 
-// Members returns the live members (not yet declared dead or left) whose
+// Members returns the live members (not declared dead or left) whose
 // metadata decodes, this peer included until it leaves, sorted by Name.
+// It is served from the view the event callbacks maintain, never from
+// memberlist's node structs, which memberlist mutates without a lock.
+// Member.State is always StateAlive: memberlist v0.7.0 does not expose
+// suspicion.
 func (m *Mesh) Members() []Member {
-	nodes := m.list.Members()
-	out := make([]Member, 0, len(nodes))
-	for _, n := range nodes {
-		if mem, ok := memberOf(n); ok {
-			out = append(out, mem)
-		}
+	m.viewMu.RLock()
+	out := make([]Member, 0, len(m.view))
+	for _, mem := range m.view {
+		out = append(out, mem)
 	}
+	m.viewMu.RUnlock()
 	slices.SortFunc(out, func(a, b Member) int { return cmp.Compare(a.Name, b.Name) })
 	return out
 }
@@ -240,22 +243,10 @@ func (m *Mesh) Members() []Member {
 // Member returns the live member called name, if there is one and its
 // metadata decodes.
 func (m *Mesh) Member(name string) (Member, bool) {
-	for _, n := range m.list.Members() {
-		if n.Name == name {
-			return memberOf(n)
-		}
-	}
-	return Member{}, false
-}
-
-// memberOf converts a live memberlist node. Its State is always
-// StateAlive: memberlist v0.7.0 does not expose suspicion.
-func memberOf(n *memberlist.Node) (Member, bool) {
-	meta, err := DecodeMeta(n.Meta)
-	if err != nil {
-		return Member{}, false
-	}
-	return Member{Name: n.Name, Addr: n.Address(), Meta: meta, State: StateAlive}, true
+	m.viewMu.RLock()
+	defer m.viewMu.RUnlock()
+	mem, ok := m.view[name]
+	return mem, ok
 }
 
 // SetMeta replaces the metadata this peer gossips and broadcasts it. It
@@ -290,12 +281,13 @@ func (m *Mesh) Leave(timeout time.Duration) error {
 	}
 	m.noteLeaving(m.cfg.Name)
 	intent := append([]byte{msgLeaveIntent}, m.cfg.Name...)
-	for _, n := range m.list.Members() {
-		if n.Name == m.cfg.Name {
+	for _, mem := range m.Members() {
+		if mem.Name == m.cfg.Name {
 			continue
 		}
-		if err := m.list.SendBestEffort(n, intent); err != nil {
-			m.log.Debug("mesh: leave notice not sent", "member", n.Name, "err", err)
+		to := memberlist.Address{Addr: mem.Addr, Name: mem.Name}
+		if err := m.list.SendToAddress(to, intent); err != nil {
+			m.log.Debug("mesh: leave notice not sent", "member", mem.Name, "err", err)
 		}
 	}
 	if err := m.list.Leave(timeout); err != nil {
