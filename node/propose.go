@@ -266,6 +266,9 @@ func (n *Node) read(ctx context.Context, shard uint64, q lockQuery) (lockAnswer,
 }
 
 func (n *Node) readLocal(ctx context.Context, shard uint64, q lockQuery) (lockAnswer, error) {
+	// dragonboat needs a deadline on every request.
+	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+	defer cancel()
 	v, err := n.nh.SyncRead(ctx, shard, q)
 	if err != nil {
 		return lockAnswer{}, err

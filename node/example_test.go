@@ -1,0 +1,117 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"os"
+
+	"github.com/lockmesh/lockmesh/node"
+)
+
+// A single-peer cluster, for the examples to run. Production clusters have
+// three or more peers with a replication factor of three.
+func startExamplePeer() (*node.Node, func()) {
+	dir, err := os.MkdirTemp("", "lockmesh-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	raft := l.Addr().String()
+	l.Close()
+	n, err := node.Start(context.Background(), node.Config{
+		Name:              "example",
+		DataDir:           dir,
+		GossipAddr:        "127.0.0.1:0",
+		RaftAddr:          raft,
+		RPCAddr:           "127.0.0.1:0",
+		BootstrapExpect:   1,
+		ReplicationFactor: 1,
+		Shards:            2,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	<-n.Ready()
+	return n, func() { n.Close(); os.RemoveAll(dir) }
+}
+
+func ExampleNode_Lock() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	l, err := n.Lock(ctx, "invoice/42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Unlock(ctx)
+	select {
+	case <-l.Done():
+		fmt.Println("lease lost:", l.Err())
+	default:
+		fmt.Println("holding", l.Key(), "with token", l.Token())
+	}
+	// Output: holding invoice/42 with token 1
+}
+
+func ExampleNode_TryLock() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	l, err := n.TryLock(ctx, "report")
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = n.TryLock(ctx, "report")
+	fmt.Println(errors.Is(err, node.ErrLocked))
+	l.Unlock(ctx)
+	// Output: true
+}
+
+func ExampleLock_Unlock() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	l, _ := n.Lock(ctx, "job")
+	fmt.Println(l.Unlock(ctx))
+	err := l.Unlock(ctx)
+	fmt.Println(errors.Is(err, node.ErrNotHeld))
+	// Output:
+	// <nil>
+	// true
+}
+
+func ExampleFence() {
+	var storage node.Fence
+	fmt.Println(storage.Check("invoice/42", 7)) // the current holder writes
+	fmt.Println(storage.Check("invoice/42", 9)) // the next holder writes
+	err := storage.Check("invoice/42", 7)       // the old holder wakes up from a pause
+	fmt.Println(errors.Is(err, node.ErrStaleToken))
+	// Output:
+	// <nil>
+	// <nil>
+	// true
+}
+
+func ExampleNode_Inspect() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	l, _ := n.Lock(ctx, "orders")
+	info, err := n.Inspect(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(info.Holders), info.Holders[0].Token == l.Token(), len(info.Waiters))
+	l.Unlock(ctx)
+	// Output: 1 true 0
+}

@@ -1,0 +1,13 @@
+package node
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package if any test leaves a goroutine behind: Close
+// must release everything a Node started.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
