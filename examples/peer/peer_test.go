@@ -1,0 +1,402 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockmesh/lockmesh/node"
+)
+
+func TestParseFlags(t *testing.T) {
+	base := []string{"-data", "/tmp/p1", "-gossip", "127.0.0.1:7001", "-raft", "127.0.0.1:7002", "-rpc", "127.0.0.1:7003"}
+	with := func(extra ...string) []string { return append(append([]string(nil), base...), extra...) }
+
+	cfg, err := parseFlags(with("-name", "p1", "-expect", "3", "-join", "127.0.0.1:7011, 127.0.0.1:7021,",
+		"-shards", "4", "-rf", "5", "-ttl", "2s", "-rtt", "10ms", "-log-level", "debug", "-lock", "job", "-hold", "3s", "-loop", "2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := cfg.node
+	if nc.Name != "p1" || nc.DataDir != "/tmp/p1" || nc.GossipAddr != "127.0.0.1:7001" || nc.RaftAddr != "127.0.0.1:7002" || nc.RPCAddr != "127.0.0.1:7003" {
+		t.Errorf("addresses: %+v", nc)
+	}
+	if got := strings.Join(nc.Join, " "); got != "127.0.0.1:7011 127.0.0.1:7021" {
+		t.Errorf("Join = %q", got)
+	}
+	if nc.BootstrapExpect != 3 || nc.Shards != 4 || nc.ReplicationFactor != 5 || nc.SessionTTL != 2*time.Second || nc.RTT != 10*time.Millisecond {
+		t.Errorf("cluster settings: %+v", nc)
+	}
+	if cfg.lock != "job" || cfg.hold != 3*time.Second || cfg.loop != 2 || cfg.logLevel.String() != "DEBUG" {
+		t.Errorf("demo settings: %+v", cfg)
+	}
+
+	cfg, err = parseFlags(with("-join", "127.0.0.1:7011"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.node.SessionTTL != node.DefaultSessionTTL || cfg.node.Shards != node.DefaultShards || cfg.loop != 1 || cfg.lock != "" {
+		t.Errorf("defaults: %+v", cfg)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string // in the error
+	}{
+		{with("-expect", "3", "-ttl", "soon"), "-ttl"},
+		{with("-expect", "3", "-bogus"), "bogus"},
+		{with("-expect", "3", "extra"), `unexpected argument "extra"`},
+		{with(), "-expect"},
+		{[]string{"-expect", "3", "-gossip", "127.0.0.1:1", "-raft", "127.0.0.1:2", "-rpc", "127.0.0.1:3"}, "-data"},
+		{[]string{"-expect", "3", "-data", "/tmp/x"}, "-gossip"},
+		{with("-expect", "3", "-log-level", "loud"), "-log-level"},
+		{with("-expect", "3", "-lock", "job", "-hold", "-1s"), "-hold"},
+		{with("-expect", "3", "-lock", "job", "-loop", "0"), "-loop"},
+		{with("-expect", "3", "-loop", "3"), "need -lock"},
+		{with("-expect", "3", "-lock", strings.Repeat("k", node.MaxKeyLen+1)), "-lock"},
+		{with("-expect", "-1"), "BootstrapExpect"},
+		{with("-expect", "3", "-ttl", "1s", "-rtt", "50ms"), "SessionTTL"},
+		{with("-expect", "3", "-raft", "127.0.0.1:0"), "fixed port"},
+		{with("-expect", "3", "-rpc", "nonsense"), "RPCAddr"},
+	} {
+		_, err := parseFlags(tc.args)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseFlags(%q) = %v, want an error mentioning %q", tc.args, err, tc.want)
+		}
+	}
+	if _, err := parseFlags([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+}
+
+// TestRunRejectsBadFlags checks the exit code and message a user sees; it
+// starts nothing, so it needs no build.
+func TestRunRejectsBadFlags(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-data", "/tmp/x", "-ttl", "soon"}, &stdout, &stderr); code != 2 {
+		t.Errorf("exit code %d, want 2", code)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("stdout: %q, want nothing", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), `invalid value "soon" for flag -ttl`) {
+		t.Errorf("stderr: %q", stderr.String())
+	}
+	stderr.Reset()
+	if code := run([]string{"-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "-join addrs") {
+		t.Errorf("-h: exit code %d, usage %q", code, stderr.String())
+	}
+}
+
+// TestProcesses runs peers as OS processes and crashes some of them: three
+// servers form the cluster, clients that host no replicas contend for one
+// key, and the lock must move on with a higher fencing token each time its
+// holder dies or leaves, while a server crash (a minority) changes nothing.
+func TestProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the program and runs 6 peer processes")
+	}
+	const ttl = 2 * time.Second
+	c := newCluster(t)
+	servers := []string{"s1", "s2", "s3"}
+	clients := []string{"c1", "c2", "c3"}
+	addrs := freeAddrs(t, 3*(len(servers)+len(clients)))
+	gossip := map[string]string{}
+	args := map[string][]string{}
+	for i, name := range append(append([]string(nil), servers...), clients...) {
+		gossip[name] = addrs[3*i]
+		args[name] = []string{"-name", name, "-data", filepath.Join(c.dir, name),
+			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
+			"-rtt", "10ms", "-ttl", ttl.String(), "-shards", "4", "-log-level", "info"}
+	}
+	joinAllBut := func(self string) string {
+		var j []string
+		for _, s := range servers {
+			if s != self {
+				j = append(j, gossip[s])
+			}
+		}
+		return strings.Join(j, ",")
+	}
+
+	procs := map[string]*proc{}
+	for _, s := range servers {
+		procs[s] = c.start(s, append(args[s], "-expect", "3", "-join", joinAllBut(s))...)
+	}
+	for range servers {
+		c.await(30*time.Second, "a server ready", prefix("ready"))
+	}
+	for _, cl := range clients[:2] {
+		procs[cl] = c.start(cl, append(args[cl], "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
+	}
+
+	// One client gets the lock; the other queues behind it.
+	first := c.await(20*time.Second, "a client to acquire job", prefix("acquired job"))
+	tok1 := token(t, first)
+	c.quiet(time.Second, "a second holder while "+first.p.name+" holds job", prefix("acquired"))
+	second := procs["c1"]
+	if first.p == second {
+		second = procs["c2"]
+	}
+
+	// The holder crashes: its session expires after the TTL and the waiter
+	// is granted the lock with a higher token.
+	crashed := time.Now()
+	c.kill(first.p)
+	e := c.await(15*time.Second, second.name+" to acquire job after "+first.p.name+" crashed", prefix("acquired job"))
+	if e.p != second {
+		t.Fatalf("%s acquired job, want %s", e.p.name, second.name)
+	}
+	took := e.at.Sub(crashed)
+	t.Logf("%s acquired job %v after %s crashed", second.name, took.Round(time.Millisecond), first.p.name)
+	// The crashed holder's lease ran until TTL minus margin after its last
+	// acknowledged keepalive, and it sends several per TTL: a grant within
+	// half a TTL would have overlapped a lease it could still rely on.
+	if took < ttl/2 {
+		t.Errorf("%s was granted job %v after the holder crashed, before the holder's lease could have lapsed (TTL %v)", second.name, took, ttl)
+	}
+	tok2 := token(t, e)
+	if tok2 <= tok1 {
+		t.Errorf("token %d after the crash is not above %d", tok2, tok1)
+	}
+
+	// A minority of the servers crashes: the lock stays held, and a new
+	// client queues for it instead of being granted it.
+	serverDown := time.Now()
+	c.kill(procs["s1"])
+	third := c.start("c3", append(args["c3"], "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
+	c.await(20*time.Second, "c3 ready with s1 down", func(e event) bool { return e.p == third && strings.HasPrefix(e.line, "ready") })
+	c.quiet(max(2*time.Second, 3*time.Second-time.Since(serverDown)), "a change of holder with s1 down", prefix("acquired"))
+
+	// The holder leaves gracefully: its Close ends its session at once, so
+	// c3 is granted the lock well within the TTL.
+	left := time.Now()
+	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	c.await(5*time.Second, second.name+" to release job", func(e event) bool { return e.p == second && e.line == "released job" })
+	e = c.await(5*time.Second, "c3 to acquire job", prefix("acquired job"))
+	if e.p != third {
+		t.Fatalf("%s acquired job, want c3", e.p.name)
+	}
+	t.Logf("c3 acquired job %v after %s was signalled", e.at.Sub(left).Round(time.Millisecond), second.name)
+	if tok3 := token(t, e); tok3 <= tok2 {
+		t.Errorf("token %d after the release is not above %d", tok3, tok2)
+	}
+	select {
+	case <-second.exited:
+		if code := second.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("%s exited with %d after SIGTERM, want 0", second.name, code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s did not exit within 10s of SIGTERM", second.name)
+	}
+}
+
+// cluster runs the peer binary as child processes and merges their stdout
+// lines into one stream, in arrival order.
+type cluster struct {
+	t      *testing.T
+	bin    string
+	dir    string
+	events chan event
+
+	mu    sync.Mutex
+	procs []*proc
+}
+
+type event struct {
+	p    *proc
+	line string
+	at   time.Time
+}
+
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	stderr *tailBuffer
+	exited chan struct{} // closed once the process was waited for
+}
+
+func newCluster(t *testing.T) *cluster {
+	dir := t.TempDir()
+	c := &cluster{t: t, bin: filepath.Join(dir, "peer"), dir: dir, events: make(chan event, 1024)}
+	build := exec.Command("go", "build", "-o", c.bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, p := range c.procs {
+			_ = p.cmd.Process.Kill()
+		}
+		for _, p := range c.procs {
+			select {
+			case <-p.exited:
+			case <-time.After(10 * time.Second):
+				t.Errorf("%s (pid %d) still running after kill", p.name, p.cmd.Process.Pid)
+			}
+			if t.Failed() {
+				t.Logf("stderr of %s, last lines:\n%s", p.name, p.stderr.tail(40))
+			}
+		}
+	})
+	return c
+}
+
+func (c *cluster) start(name string, args ...string) *proc {
+	c.t.Helper()
+	p := &proc{name: name, cmd: exec.Command(c.bin, args...), stderr: &tailBuffer{max: 64 << 10}, exited: make(chan struct{})}
+	p.cmd.Stderr = p.stderr
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+	go func() {
+		defer close(p.exited)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.events <- event{p: p, line: sc.Text(), at: time.Now()}
+		}
+		_ = p.cmd.Wait() // after the reads, as StdoutPipe requires
+	}()
+	return p
+}
+
+// kill crashes p (SIGKILL) and waits until it is gone.
+func (c *cluster) kill(p *proc) {
+	c.t.Helper()
+	if err := p.cmd.Process.Kill(); err != nil {
+		c.t.Fatalf("kill %s: %v", p.name, err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		c.t.Fatalf("%s still running 10s after SIGKILL", p.name)
+	}
+}
+
+// await returns the first line that matches want, failing the test after
+// timeout or on any "lost" line: no lease is lost in these scenarios.
+func (c *cluster) await(timeout time.Duration, what string, want func(event) bool) event {
+	c.t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case e := <-c.events:
+			c.t.Logf("%s: %s", e.p.name, e.line)
+			if strings.HasPrefix(e.line, "lost") {
+				c.t.Fatalf("while waiting for %s: %s printed %q", what, e.p.name, e.line)
+			}
+			if want(e) {
+				return e
+			}
+		case <-deadline:
+			c.t.Fatalf("no %s within %v", what, timeout)
+		}
+	}
+}
+
+// quiet fails the test if a line matching bad (or a "lost" line) appears
+// within d.
+func (c *cluster) quiet(d time.Duration, what string, bad func(event) bool) {
+	c.t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case e := <-c.events:
+			c.t.Logf("%s: %s", e.p.name, e.line)
+			if bad(e) || strings.HasPrefix(e.line, "lost") {
+				c.t.Fatalf("%s: %s printed %q", what, e.p.name, e.line)
+			}
+		case <-deadline:
+			return
+		}
+	}
+}
+
+func prefix(s string) func(event) bool {
+	return func(e event) bool { return strings.HasPrefix(e.line, s) }
+}
+
+func token(t *testing.T, e event) uint64 {
+	t.Helper()
+	var key string
+	var tok uint64
+	if _, err := fmt.Sscanf(e.line, "acquired %s token=%d", &key, &tok); err != nil {
+		t.Fatalf("%s printed %q: %v", e.p.name, e.line, err)
+	}
+	return tok
+}
+
+// freeAddrs returns n distinct loopback addresses whose ports are free for
+// both TCP and UDP (gossip uses both), holding each until all are picked.
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var addrs []string
+	var closers []func() error
+	defer func() {
+		for _, c := range closers {
+			_ = c()
+		}
+	}()
+	for len(addrs) < n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		closers = append(closers, l.Close)
+		u, err := net.ListenPacket("udp", l.Addr().String())
+		if err != nil {
+			continue // UDP side taken: try another port
+		}
+		closers = append(closers, u.Close)
+		addrs = append(addrs, l.Addr().String())
+	}
+	return addrs
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - b.max; over > 0 {
+		b.buf = append(b.buf[:0], b.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+// tail returns the last n lines written.
+func (b *tailBuffer) tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lines := strings.Split(strings.TrimRight(string(b.buf), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
