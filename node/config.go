@@ -117,6 +117,9 @@ func (c Config) Validate() error {
 	if _, port, _ := net.SplitHostPort(c.RaftAddr); port == "0" {
 		return bad("RaftAddr %q needs a fixed port", c.RaftAddr)
 	}
+	if _, port, _ := net.SplitHostPort(c.RPCAddr); c.Name == c.RPCAddr && port == "0" {
+		return bad("Name is required when RPCAddr %q picks its port at start", c.RPCAddr)
+	}
 	if c.Name == "" || len(c.Name) > 128 {
 		return bad("Name %q must be 1 to 128 bytes", c.Name)
 	}

@@ -1,0 +1,72 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigValidate(t *testing.T) {
+	good := func() Config {
+		return Config{
+			Name: "p1", DataDir: "/tmp/x", GossipAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:7000",
+			RPCAddr: "127.0.0.1:0", BootstrapExpect: 3,
+		}
+	}
+	if err := good().Validate(); err != nil {
+		t.Fatalf("good config: %v", err)
+	}
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"no data dir", func(c *Config) { c.DataDir = "" }, "DataDir"},
+		{"bad gossip addr", func(c *Config) { c.GossipAddr = "nope" }, "GossipAddr"},
+		{"raft port 0", func(c *Config) { c.RaftAddr = "127.0.0.1:0" }, "fixed port"},
+		{"no name with port 0", func(c *Config) { c.Name = "" }, "Name is required"},
+		{"name too long", func(c *Config) { c.Name = strings.Repeat("n", 129) }, "Name"},
+		{"negative expect", func(c *Config) { c.BootstrapExpect = -1 }, "negative"},
+		{"neither bootstrap nor join", func(c *Config) { c.BootstrapExpect = 0 }, "Join"},
+		{"too many shards", func(c *Config) { c.Shards = 5000 }, "Shards"},
+		{"rf too large", func(c *Config) { c.ReplicationFactor = 10 }, "ReplicationFactor"},
+		{"ttl too short", func(c *Config) { c.SessionTTL = 100 * time.Millisecond }, "SessionTTL"},
+		{"margin too large", func(c *Config) { c.LeaseMargin = 6 * time.Second }, "LeaseMargin"},
+		{"bad gossip key", func(c *Config) { c.GossipKey = []byte("short") }, "GossipKey"},
+		{"rtt too small", func(c *Config) { c.RTT = time.Microsecond }, "RTT"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := good()
+			tc.mutate(&c)
+			err := c.Validate()
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want ErrInvalidConfig mentioning %q", err, tc.want)
+			}
+			if _, err := Start(context.Background(), c); !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("Start() = %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+func TestFence(t *testing.T) {
+	var f Fence
+	if err := f.Check("k", 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Check("k", 5); err != nil {
+		t.Fatalf("same token twice: %v", err)
+	}
+	if err := f.Check("k", 4); !errors.Is(err, ErrStaleToken) {
+		t.Fatalf("lower token: %v", err)
+	}
+	if err := f.Check("other", 1); err != nil {
+		t.Fatalf("keys are independent: %v", err)
+	}
+	if f.Highest("k") != 5 {
+		t.Fatalf("Highest = %d", f.Highest("k"))
+	}
+}
