@@ -1,11 +1,15 @@
 package node
 
 import (
+	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
+	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/vfs"
 )
 
@@ -59,10 +63,49 @@ type Config struct {
 	// memberlist's logs are routed through it at warn level or quieter.
 	Logger *slog.Logger
 
+	// TLS secures lockmesh's own peer-to-peer transport. The same config
+	// serves and dials, so give it Certificates, RootCAs, ClientCAs and
+	// ClientAuth: tls.RequireAndVerifyClientCert for mutual TLS. Nil means
+	// plaintext, which is logged as a warning.
+	TLS *tls.Config
+	// RaftTLS enables mutual TLS on the Raft transport (dragonboat reads the
+	// PEM files itself). Zero means plaintext, which is logged as a warning.
+	RaftTLS RaftTLS
+
+	// Clock is the time source of the lease logic (holder deadlines and
+	// leader expiry). Nil means the system's monotonic clock; tests inject
+	// skewed or jumping clocks.
+	Clock Clock
+
 	// FS replaces the file system under DataDir; tests use vfs.NewMem().
 	// Nil means the operating system's.
 	FS vfs.FS
+
+	// Test hooks: an in-memory Raft transport and a dialer for lockmesh's
+	// transport, both able to inject faults.
+	raftTransport config.TransportFactory
+	rpcDial       func(ctx context.Context, addr string) (net.Conn, error)
 }
+
+// RaftTLS names the PEM files for mutual TLS between Raft peers: every
+// peer presents CertFile and accepts only peers whose certificates chain to
+// CAFile.
+type RaftTLS struct {
+	CAFile, CertFile, KeyFile string
+}
+
+func (r RaftTLS) enabled() bool { return r.CAFile != "" || r.CertFile != "" || r.KeyFile != "" }
+
+// Clock reads the current time. Implementations must return times with a
+// monotonic reading (from time.Now) so that durations ignore wall-clock
+// steps.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
 
 // DefaultConfig returns a Config with every default filled in, listening on
 // loopback with ports picked by the system where that is allowed.
@@ -96,6 +139,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.FS == nil {
 		c.FS = vfs.Default
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
 	}
 }
 
@@ -148,6 +194,16 @@ func (c Config) Validate() error {
 	}
 	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
 		return bad("GossipKey is %d bytes; it must be 16, 24 or 32", n)
+	}
+	if c.RaftTLS.enabled() {
+		for field, path := range map[string]string{"CAFile": c.RaftTLS.CAFile, "CertFile": c.RaftTLS.CertFile, "KeyFile": c.RaftTLS.KeyFile} {
+			if path == "" {
+				return bad("RaftTLS.%s is required when RaftTLS is set", field)
+			}
+			if _, err := os.Stat(path); err != nil {
+				return bad("RaftTLS.%s: %v", field, err)
+			}
+		}
 	}
 	return nil
 }

@@ -105,7 +105,7 @@ func (n *Node) open(ctx context.Context) error {
 		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
 	}
 	var err error
-	tcfg := transport.Config{Logger: n.log.With("component", "transport")}
+	tcfg := transport.Config{Logger: n.log.With("component", "transport"), TLS: cfg.TLS, Dial: cfg.rpcDial}
 	if n.rpc, err = transport.Listen(cfg.RPCAddr, tcfg, n.handle); err != nil {
 		return fmt.Errorf("listen rpc %s: %w", cfg.RPCAddr, err)
 	}
@@ -134,6 +134,14 @@ func (n *Node) open(ctx context.Context) error {
 			LogDB:               config.GetTinyMemLogDBConfig(),
 		},
 	}
+	if cfg.raftTransport != nil {
+		nhc.Expert.TransportFactory = cfg.raftTransport
+	}
+	if cfg.RaftTLS.enabled() {
+		nhc.MutualTLS = true
+		nhc.CAFile, nhc.CertFile, nhc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
+	}
+	n.warnPlaintext()
 	if n.nh, err = dragonboat.NewNodeHost(nhc); err != nil {
 		return fmt.Errorf("start raft on %s: %w", cfg.RaftAddr, err)
 	}
@@ -328,7 +336,25 @@ func (n *Node) leader(shard uint64) string {
 }
 
 // now is the node's clock; the lease logic reads time only through it.
-func (n *Node) now() time.Time { return time.Now() }
+func (n *Node) now() time.Time { return n.cfg.Clock.Now() }
+
+// warnPlaintext says which links are not protected, once at start: fine
+// for local development, not for production.
+func (n *Node) warnPlaintext() {
+	var plain []string
+	if len(n.cfg.GossipKey) == 0 {
+		plain = append(plain, "gossip (set GossipKey)")
+	}
+	if n.cfg.RaftTLS == (RaftTLS{}) {
+		plain = append(plain, "raft (set RaftTLS)")
+	}
+	if n.cfg.TLS == nil {
+		plain = append(plain, "rpc (set TLS)")
+	}
+	if len(plain) > 0 {
+		n.log.Warn("running without encryption or peer authentication; use only for local development", "plaintext", plain)
+	}
+}
 
 // rpcAddr resolves a peer name to its transport address from gossip.
 func (n *Node) rpcAddr(name string) (string, bool) {
