@@ -85,6 +85,10 @@ type Config struct {
 	// transport, both able to inject faults.
 	raftTransport config.TransportFactory
 	rpcDial       func(ctx context.Context, addr string) (net.Conn, error)
+	// unsafeExpireAfter, when set, makes a leader expire sessions after
+	// this long instead of their TTL and skip the new-leader grace: a
+	// deliberately broken variant that the safety checkers must catch.
+	unsafeExpireAfter time.Duration
 }
 
 // RaftTLS names the PEM files for mutual TLS between Raft peers: every

@@ -91,7 +91,12 @@ func (t *leaseTable) leaderState(shard, term uint64, now time.Time) *shardLeases
 // expires sessions it has not heard from: about the longest a deposed
 // leader can go on acknowledging keepalives (an election timeout with
 // CheckQuorum), twice.
-func (n *Node) leaderGrace() time.Duration { return 20 * n.cfg.RTT }
+func (n *Node) leaderGrace() time.Duration {
+	if n.cfg.unsafeExpireAfter > 0 {
+		return 0
+	}
+	return 20 * n.cfg.RTT
+}
 
 // serveKeepAlive runs on the leader of a shard for keepalives of the
 // sessions of one peer.
@@ -191,6 +196,9 @@ func (n *Node) expireLapsed() {
 				sl.lastSeen[s.ID] = seen
 			}
 			ttl := time.Duration(s.TTLMillis) * time.Millisecond
+			if n.cfg.unsafeExpireAfter > 0 {
+				ttl = n.cfg.unsafeExpireAfter
+			}
 			if !sl.expiring[s.ID] && now.Sub(seen) > ttl {
 				sl.expiring[s.ID] = true // rule 3
 				lapsed = append(lapsed, s)
