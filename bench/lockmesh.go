@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/lockmesh/lockmesh/node"
+)
+
+func init() {
+	Register("lockmesh", func(env Env) (System, error) {
+		return &lockmeshSystem{dir: env.Dir}, nil
+	})
+}
+
+// lockmeshSystem is 3 lockmesh peers in the bench process, talking over
+// real loopback TCP with their data on disk (fsync on): the defaults.
+type lockmeshSystem struct {
+	dir   string
+	peers []*node.Node
+}
+
+func (s *lockmeshSystem) Name() string { return "lockmesh" }
+func (s *lockmeshSystem) PIDs() []int  { return nil }
+
+func (s *lockmeshSystem) Start(ctx context.Context) error {
+	peers, err := StartLockmesh(ctx, s.dir, 3, nil)
+	s.peers = peers
+	return err
+}
+
+func (s *lockmeshSystem) Stop() error {
+	closePeers(s.peers)
+	s.peers = nil
+	return nil
+}
+
+// NewWorker spreads workers over the peers round-robin, as an application
+// embedding one peer per process would.
+func (s *lockmeshSystem) NewWorker(id int) (Worker, error) {
+	if len(s.peers) == 0 {
+		return nil, errors.New("lockmesh is not started")
+	}
+	return lockmeshWorker{s.peers[id%len(s.peers)]}, nil
+}
+
+type lockmeshWorker struct{ n *node.Node }
+
+func (w lockmeshWorker) Lock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
+	l, err := w.n.Lock(ctx, key)
+	if err != nil {
+		return 0, false, nil, err
+	}
+	return l.Token(), true, l.Unlock, nil
+}
+
+func (w lockmeshWorker) TryLock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
+	l, err := w.n.TryLock(ctx, key)
+	if errors.Is(err, node.ErrLocked) {
+		return 0, false, nil, fmt.Errorf("%w: %v", ErrBusy, err)
+	}
+	if err != nil {
+		return 0, false, nil, err
+	}
+	return l.Token(), true, l.Unlock, nil
+}
+
+func (w lockmeshWorker) Close() error { return nil }
+
+// StartLockmesh starts n peers on 127.0.0.1 that bootstrap one cluster, each
+// with its data under dir, and waits until every one is ready. tune, when
+// not nil, adjusts each peer's config. On error it closes what it started
+// and returns nil peers.
+func StartLockmesh(ctx context.Context, dir string, n int, tune func(*node.Config)) ([]*node.Node, error) {
+	var peers []*node.Node
+	fail := func(err error) ([]*node.Node, error) {
+		closePeers(peers)
+		return nil, err
+	}
+	var seed string
+	for i := 1; i <= n; i++ {
+		raft, err := freeAddr()
+		if err != nil {
+			return fail(err)
+		}
+		cfg := node.Config{
+			Name:            fmt.Sprintf("peer-%d", i),
+			DataDir:         filepath.Join(dir, fmt.Sprintf("peer-%d", i)),
+			GossipAddr:      "127.0.0.1:0",
+			RaftAddr:        raft,
+			RPCAddr:         "127.0.0.1:0",
+			BootstrapExpect: n,
+		}
+		if seed != "" {
+			cfg.Join = []string{seed}
+		}
+		if tune != nil {
+			tune(&cfg)
+		}
+		p, err := node.Start(ctx, cfg)
+		if err != nil {
+			return fail(fmt.Errorf("start peer %d: %w", i, err))
+		}
+		if seed == "" {
+			seed = p.GossipAddr()
+		}
+		peers = append(peers, p)
+	}
+	for _, p := range peers {
+		select {
+		case <-p.Ready():
+		case <-ctx.Done():
+			return fail(fmt.Errorf("%s not ready: %w", p.Name(), ctx.Err()))
+		}
+	}
+	// Ready means the layout is known; the first lock call on each shard
+	// still waits for its leader election. Take one lock per peer so that
+	// start-up time includes serving.
+	for _, p := range peers {
+		l, err := p.Lock(ctx, "bench/start/"+p.Name())
+		if err != nil {
+			return fail(fmt.Errorf("first lock on %s: %w", p.Name(), err))
+		}
+		if err := l.Unlock(ctx); err != nil {
+			return fail(fmt.Errorf("first unlock on %s: %w", p.Name(), err))
+		}
+	}
+	return peers, nil
+}
+
+func closePeers(peers []*node.Node) {
+	for _, p := range peers {
+		_ = p.Close()
+	}
+}
+
+// freeAddr returns a loopback address with a port nobody listens on now.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// FreePort returns a loopback port nobody listens on now, for systems that
+// need fixed ports.
+func FreePort() (int, error) {
+	a, err := freeAddr()
+	if err != nil {
+		return 0, err
+	}
+	_, p, _ := net.SplitHostPort(a)
+	var port int
+	_, err = fmt.Sscan(p, &port)
+	return port, err
+}
+
+// WaitTCP waits until addr accepts TCP connections or ctx ends.
+func WaitTCP(ctx context.Context, addr string) error {
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			return c.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not listening: %w (last: %v)", addr, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

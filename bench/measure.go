@@ -1,0 +1,231 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockmesh/lockmesh/node"
+)
+
+// Footprint is what lockmesh costs when it is not busy: start-up time, idle
+// CPU and memory per held lock, each measured on 3 peers in this process
+// with the default config (16 shards, fsync on).
+type Footprint struct {
+	// StartupSeconds lists, per attempt, the time from the first node.Start
+	// until every peer is ready and has served one lock.
+	StartupSeconds []float64 `json:"startup_seconds"`
+	// IdleSeconds is the window over which idle CPU was measured.
+	IdleSeconds float64 `json:"idle_seconds"`
+	// IdleCorePerPeer is the process's CPU time over the idle window,
+	// divided by the window and by 3 peers: 0.01 is 1% of one core.
+	IdleCorePerPeer float64 `json:"idle_core_per_peer"`
+	// Memory holds one entry per held-lock count measured.
+	Memory []MemoryUse `json:"memory"`
+}
+
+// MemoryUse is the growth of the process when one process (3 peers, so 3
+// replicas of every shard, plus the client's Lock objects) holds Locks
+// locks on distinct keys.
+type MemoryUse struct {
+	Locks        int     `json:"locks"`          // locks asked for
+	Held         int     `json:"held"`           // locks actually held when measured
+	Seconds      float64 `json:"seconds"`        // time to take them
+	RSSGrowth    int64   `json:"rss_growth"`     // bytes, after a GC both times
+	BytesPerLock float64 `json:"bytes_per_lock"` // RSSGrowth / Held
+	HeapPerLock  float64 `json:"heap_per_lock"`  // Go heap in use growth / Held
+	Note         string  `json:"note,omitempty"`
+}
+
+// FootprintOptions says what MeasureFootprint does; zero fields skip that
+// measurement.
+type FootprintOptions struct {
+	Startups    int           // start-ups to time
+	Idle        time.Duration // idle window
+	Locks       []int         // held-lock counts, each on a fresh cluster
+	LockTimeout time.Duration // bound on taking one count's locks
+	Concurrency int           // workers taking the locks (default 64)
+	Progress    io.Writer
+}
+
+// MeasureFootprint measures start-up time, idle CPU per peer and memory per
+// held lock of lockmesh.
+func MeasureFootprint(ctx context.Context, o FootprintOptions) (Footprint, error) {
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 64
+	}
+	if o.LockTimeout == 0 {
+		o.LockTimeout = 5 * time.Minute
+	}
+	var fp Footprint
+	for i := 0; i < o.Startups; i++ {
+		err := withCluster(ctx, func(d time.Duration, _ []*node.Node) error {
+			fp.StartupSeconds = append(fp.StartupSeconds, d.Seconds())
+			fmt.Fprintf(o.Progress, "[footprint] start-up %d: %v\n", i+1, d.Round(time.Millisecond))
+			return nil
+		})
+		if err != nil {
+			return fp, err
+		}
+	}
+	if o.Idle > 0 {
+		err := withCluster(ctx, func(_ time.Duration, _ []*node.Node) error {
+			pause(ctx, 2*time.Second) // let elections and bootstrap chatter settle
+			self := []int{os.Getpid()}
+			c0, t0 := cpuSeconds(self), time.Now()
+			if err := tick(ctx, o.Idle, func() {
+				fmt.Fprintf(o.Progress, "[footprint] idle %.0fs: %.2f%% of a core per peer so far\n",
+					time.Since(t0).Seconds(), 100*(cpuSeconds(self)-c0)/time.Since(t0).Seconds()/3)
+			}); err != nil {
+				return err
+			}
+			fp.IdleSeconds = time.Since(t0).Seconds()
+			fp.IdleCorePerPeer = (cpuSeconds(self) - c0) / fp.IdleSeconds / 3
+			return nil
+		})
+		if err != nil {
+			return fp, err
+		}
+	}
+	for _, n := range o.Locks {
+		var mu MemoryUse
+		err := withCluster(ctx, func(_ time.Duration, peers []*node.Node) error {
+			var err error
+			mu, err = holdMany(ctx, peers, n, o)
+			return err
+		})
+		if err != nil {
+			return fp, err
+		}
+		fp.Memory = append(fp.Memory, mu)
+	}
+	return fp, nil
+}
+
+// withCluster starts 3 fresh peers, runs f with the start-up time, and
+// stops them.
+func withCluster(ctx context.Context, f func(time.Duration, []*node.Node) error) error {
+	dir, err := os.MkdirTemp("", "lockbench-footprint-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	peers, err := StartLockmesh(sctx, dir, 3, nil)
+	if err != nil {
+		return err
+	}
+	defer closePeers(peers)
+	return f(time.Since(t0), peers)
+}
+
+func settledMemory() (rss int64, heap uint64) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	rss, _ = rssBytes()
+	return rss, ms.HeapInuse
+}
+
+// holdMany takes n locks on distinct keys, spread over the peers, and
+// measures the growth of the process while they are all held.
+func holdMany(ctx context.Context, peers []*node.Node, n int, o FootprintOptions) (MemoryUse, error) {
+	mu := MemoryUse{Locks: n}
+	rss0, heap0 := settledMemory()
+	ctx, cancel := context.WithTimeout(ctx, o.LockTimeout)
+	defer cancel()
+	held := make([][]*node.Lock, o.Concurrency)
+	var next, errs atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for w := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := peers[w%len(peers)]
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) || ctx.Err() != nil {
+					return
+				}
+				l, err := p.Lock(ctx, fmt.Sprintf("bench/held/%d", i))
+				if err != nil {
+					if ctx.Err() == nil {
+						errs.Add(1)
+						firstErr.CompareAndSwap(nil, &err)
+					}
+					continue
+				}
+				held[w] = append(held[w], l)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tk := time.NewTicker(5 * time.Second)
+	defer tk.Stop()
+loop:
+	for {
+		select {
+		case <-done:
+			break loop
+		case <-tk.C:
+			fmt.Fprintf(o.Progress, "[footprint] holding %d/%d locks after %.0fs\n", min(next.Load(), int64(n)), n, time.Since(t0).Seconds())
+		}
+	}
+	mu.Seconds = time.Since(t0).Seconds()
+	for _, h := range held {
+		mu.Held += len(h)
+	}
+	if mu.Held < n {
+		mu.Note = fmt.Sprintf("only %d of %d locks taken in %v", mu.Held, n, o.LockTimeout)
+	}
+	if e := firstErr.Load(); e != nil {
+		mu.Note += fmt.Sprintf("; %d errors, first: %v", errs.Load(), *e)
+	}
+	rss1, heap1 := settledMemory()
+	mu.RSSGrowth = rss1 - rss0
+	if mu.Held > 0 {
+		mu.BytesPerLock = float64(mu.RSSGrowth) / float64(mu.Held)
+		mu.HeapPerLock = float64(int64(heap1)-int64(heap0)) / float64(mu.Held)
+	}
+	fmt.Fprintf(o.Progress, "[footprint] %d locks held: RSS +%d MB, %.0f bytes/lock (Go heap %.0f bytes/lock), taken in %.1fs\n",
+		mu.Held, mu.RSSGrowth>>20, mu.BytesPerLock, mu.HeapPerLock, mu.Seconds)
+	runtime.KeepAlive(held)
+	return mu, nil
+}
+
+// WriteFootprint writes fp as a short Markdown section.
+func WriteFootprint(w io.Writer, fp Footprint) error {
+	var b []byte
+	b = fmt.Appendf(b, "| measurement | value |\n|---|---|\n")
+	for i, s := range fp.StartupSeconds {
+		b = fmt.Appendf(b, "| start-up %d (3 peers, fresh dirs, until each served a lock) | %.2f s |\n", i+1, s)
+	}
+	if fp.IdleSeconds > 0 {
+		b = fmt.Appendf(b, "| idle CPU per peer (3 peers, 16 shards, %.0f s) | %.2f%% of a core |\n", fp.IdleSeconds, 100*fp.IdleCorePerPeer)
+	}
+	for _, m := range fp.Memory {
+		note := ""
+		if m.Note != "" {
+			note = " (" + m.Note + ")"
+		}
+		b = fmt.Appendf(b, "| memory per held lock, %d held (one process: 3 replicas + client) | %.0f bytes RSS, %.0f bytes Go heap; taken in %.0f s%s |\n",
+			m.Held, m.BytesPerLock, m.HeapPerLock, m.Seconds, note)
+	}
+	_, err := w.Write(b)
+	return err
+}
