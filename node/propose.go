@@ -197,19 +197,47 @@ func retryable(err error) bool {
 
 // propose commits an encoded batch on shard, through the local replica if
 // this peer hosts one, or through a peer that does.
+//
+// A proposal made on a follower replica reaches the leader through
+// dragonboat, but the follower learns of the commit only with the leader's
+// next message, which costs up to a heartbeat. Handing the batch to the
+// leader's peer over lockmesh's transport and proposing it there is about
+// twice as fast, so that is tried first.
 func (n *Node) propose(ctx context.Context, shard uint64, data []byte) ([]lockfsm.Result, error) {
-	if n.hostsShard(shard) {
+	hosted := n.hostsShard(shard)
+	leader := n.leaderGuess(shard)
+	if hosted && (leader == "" || leader == n.cfg.Name) {
 		return n.proposeLocal(ctx, shard, data)
 	}
 	body, err := encodeBody(proposeReq{Shard: shard, Cmds: data})
 	if err != nil {
 		return nil, err
 	}
-	resp, err := n.callHost(ctx, shard, methodPropose, body)
-	if err != nil {
+	var raw []byte
+	if hosted {
+		addr, ok := n.rpcAddr(leader)
+		if !ok {
+			return n.proposeLocal(ctx, shard, data)
+		}
+		if raw, err = n.peers.Call(ctx, addr, methodPropose, body); err != nil {
+			if ctx.Err() != nil || !retryable(err) {
+				return nil, err
+			}
+			// The leader moved or is unreachable; the retry is
+			// idempotent, and dragonboat finds the leader itself.
+			return n.proposeLocal(ctx, shard, data)
+		}
+	} else if raw, err = n.callHost(ctx, shard, methodPropose, body); err != nil {
 		return nil, err
 	}
-	return lockfsm.DecodeResults(resp)
+	var resp proposeResp
+	if err := decodeBody(raw, &resp); err != nil {
+		return nil, err
+	}
+	if resp.Leader != "" {
+		n.setLeader(shard, resp.Leader)
+	}
+	return lockfsm.DecodeResults(resp.Results)
 }
 
 func (n *Node) proposeLocal(ctx context.Context, shard uint64, data []byte) ([]lockfsm.Result, error) {
@@ -243,7 +271,7 @@ func (n *Node) serveProposal(ctx context.Context, req proposeReq) ([]byte, error
 	if r.Value == resultCorrupt {
 		return nil, fmt.Errorf("shard %d rejected a corrupt entry: %s", req.Shard, r.Data)
 	}
-	return r.Data, nil
+	return encodeBody(proposeResp{Results: r.Data, Leader: n.leaderGuess(req.Shard)})
 }
 
 // read answers a query linearizably: through the local replica (ReadIndex)

@@ -16,7 +16,7 @@ const maxBodySize = 4 << 20
 
 // RPC methods on lockmesh's transport.
 const (
-	methodPropose      uint8 = iota + 1 // proposeReq -> encoded []lockfsm.Result
+	methodPropose      uint8 = iota + 1 // proposeReq -> proposeResp
 	methodRead                          // readReq -> lockAnswer
 	methodKeepAlive                     // keepAliveReq -> keepAliveResp
 	methodNotify                        // notifyReq -> nothing
@@ -39,6 +39,11 @@ const (
 type proposeReq struct {
 	Shard uint64 `msgpack:"s"`
 	Cmds  []byte `msgpack:"c"` // lockfsm.EncodeCommands
+}
+
+type proposeResp struct {
+	Results []byte `msgpack:"r"` // lockfsm.EncodeResults
+	Leader  string `msgpack:"l"` // the shard leader as the serving peer sees it
 }
 
 type readReq struct {
