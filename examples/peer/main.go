@@ -70,6 +70,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	n, err := node.Start(ctx, cfg.node)
+	if err != nil && ctx.Err() != nil {
+		return 0 // signalled while joining
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "peer: %v\n", err)
 		return 1
