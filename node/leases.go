@@ -112,11 +112,11 @@ func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveR
 		return keepAliveResp{}, rpcError(codeBusy, "shard %d has no leader yet", req.Shard)
 	}
 	if leaderID != self.ReplicaID {
-		var hint string
+		hint := "?" // not empty: an empty Leader means "acknowledged"
 		if pe, ok := p.peerByReplica(leaderID); ok {
 			hint = pe.Name
 		}
-		return keepAliveResp{Leader: hint}, rpcError(codeNotLeader, "peer %s is not the leader of shard %d (leader: %q)", n.cfg.Name, req.Shard, hint)
+		return keepAliveResp{Leader: hint}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 	defer cancel()
@@ -284,44 +284,81 @@ func (n *Node) keepAlive(shard uint64, ss []*session) {
 	}
 }
 
-// sendKeepAlive delivers a keepalive to the shard's leader, following
-// not-leader hints, until ctx ends.
+// sendKeepAlive delivers a keepalive to the shard's leader. It follows
+// not-leader hints and, when the peer it tried is unreachable or slow,
+// moves on to the shard's other replicas: a crashed leader must not keep
+// the keepalives of its shard from reaching the new one.
 func (n *Node) sendKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveResp, error) {
 	body, err := encodeBody(req)
 	if err != nil {
 		return keepAliveResp{}, err
 	}
+	var avoid string
 	for attempt := 0; ; attempt++ {
-		var raw []byte
 		target := n.leaderGuess(req.Shard)
-		if target == n.cfg.Name {
-			var resp keepAliveResp
-			resp, err = n.serveKeepAlive(ctx, req)
-			if err == nil {
-				return resp, nil
-			}
-		} else if addr, ok := n.rpcAddr(target); ok {
-			raw, err = n.peers.Call(ctx, addr, methodKeepAlive, body)
-			if err == nil {
-				var resp keepAliveResp
-				err = decodeBody(raw, &resp)
-				return resp, err
-			}
-		} else {
-			err = fmt.Errorf("no address for peer %q", target)
+		if target == "" || target == avoid {
+			target = n.otherReplica(req.Shard, avoid, attempt)
 		}
-		if errCode(err) == codeNotLeader || errCode(err) == codeNotHosted {
-			n.setLeader(req.Shard, "") // the hint comes from the next guess
+		actx, cancel := context.WithTimeout(ctx, n.proposalTimeout()/4)
+		resp, err := n.keepAliveCall(actx, target, req, body)
+		cancel()
+		switch {
+		case err == nil && resp.Leader == "":
+			n.setLeader(req.Shard, target)
+			return resp, nil
+		case err == nil && resp.Leader != target && attempt < 3:
+			n.setLeader(req.Shard, resp.Leader) // follow the hint at once
+			continue
 		}
+		avoid = target
+		n.forgetLeader(req.Shard, target)
 		if err := n.backoff(ctx, attempt); err != nil {
 			return keepAliveResp{}, err
 		}
 	}
 }
 
+// keepAliveCall sends one keepalive to target, locally when it is this
+// peer. A reply with Leader set means target is not the leader.
+func (n *Node) keepAliveCall(ctx context.Context, target string, req keepAliveReq, body []byte) (keepAliveResp, error) {
+	if target == n.cfg.Name {
+		return n.serveKeepAlive(ctx, req)
+	}
+	addr, ok := n.rpcAddr(target)
+	if !ok {
+		return keepAliveResp{}, fmt.Errorf("no address for peer %q", target)
+	}
+	raw, err := n.peers.Call(ctx, addr, methodKeepAlive, body)
+	if err != nil {
+		return keepAliveResp{}, err
+	}
+	var resp keepAliveResp
+	err = decodeBody(raw, &resp)
+	return resp, err
+}
+
+// otherReplica picks a replica of shard other than avoid, rotating with
+// attempt.
+func (n *Node) otherReplica(shard uint64, avoid string, attempt int) string {
+	p := n.placement.Load()
+	if p == nil {
+		return ""
+	}
+	var hosts []string
+	for _, h := range p.Replicas[shard] {
+		if h != avoid {
+			hosts = append(hosts, h)
+		}
+	}
+	if len(hosts) == 0 {
+		return avoid
+	}
+	return hosts[attempt%len(hosts)]
+}
+
 // leaderGuess names the peer most likely leading shard: what dragonboat
 // says locally if this peer hosts a replica, else the last known leader,
-// else a replica picked in turn.
+// else "".
 func (n *Node) leaderGuess(shard uint64) string {
 	p := n.placement.Load()
 	if p == nil {
@@ -334,9 +371,5 @@ func (n *Node) leaderGuess(shard uint64) string {
 			}
 		}
 	}
-	if l := n.leader(shard); l != "" {
-		return l
-	}
-	hosts := p.Replicas[shard]
-	return hosts[int(n.now().UnixNano()/int64(time.Millisecond))%len(hosts)]
+	return n.leader(shard)
 }

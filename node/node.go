@@ -329,6 +329,15 @@ func (n *Node) setLeader(shard uint64, name string) {
 	n.leaderMu.Unlock()
 }
 
+// forgetLeader drops name as shard's known leader, if it still is.
+func (n *Node) forgetLeader(shard uint64, name string) {
+	n.leaderMu.Lock()
+	if n.leaders[shard] == name {
+		delete(n.leaders, shard)
+	}
+	n.leaderMu.Unlock()
+}
+
 func (n *Node) leader(shard uint64) string {
 	n.leaderMu.Lock()
 	defer n.leaderMu.Unlock()

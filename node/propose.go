@@ -189,7 +189,7 @@ func retryable(err error) bool {
 		return true
 	}
 	switch errCode(err) {
-	case codeNotHosted, codeNotLeader, codeBusy, codeClosed, codeNoCluster:
+	case codeNotHosted, codeBusy, codeClosed, codeNoCluster:
 		return true
 	}
 	return false
@@ -350,6 +350,7 @@ func (n *Node) callHost(ctx context.Context, shard uint64, method uint8, body []
 			return resp, nil
 		}
 		lastErr = fmt.Errorf("peer %s: %w", h, err)
+		n.forgetLeader(shard, h)
 		if !retryable(err) || ctx.Err() != nil {
 			return nil, lastErr
 		}

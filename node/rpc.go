@@ -29,7 +29,6 @@ const (
 // Application error codes carried in transport.Error.
 const (
 	codeNotHosted uint16 = 100 + iota // this peer has no replica of the shard
-	codeNotLeader                     // keepalive sent to a replica that is not the leader
 	codeBusy                          // retryable: shard not ready, timeout, system busy
 	codeRejected                      // bootstrap plan refused
 	codeNoCluster                     // this peer is not part of a cluster yet
@@ -58,7 +57,7 @@ type keepAliveReq struct {
 
 type keepAliveResp struct {
 	Expired []uint64 `msgpack:"x"` // sessions the leader does not know or is expiring
-	Leader  string   `msgpack:"l"` // with codeNotLeader: the leader's peer name, if known
+	Leader  string   `msgpack:"l"` // set when the peer asked is not the leader: its guess, or "?"
 }
 
 type notifyReq struct {

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -117,14 +116,6 @@ func TestProcesses(t *testing.T) {
 	}
 	t.Run("follower-crash", func(t *testing.T) { testProcesses(t, bin, false) })
 	t.Run("leader-crash", func(t *testing.T) {
-		if os.Getenv("LOCKMESH_TEST_LEADER_CRASH") == "" {
-			// Known node bug: a client keeps sending keepalives to the
-			// crashed leader it cached (connection refused is not taken as
-			// "not leader") until gossip declares it dead, which takes
-			// longer than a 2s TTL, so the holder loses its lease although
-			// a new leader was elected within ~120ms.
-			t.Skip("node bug: a holder on a client peer loses its lease when the shard leader crashes; set LOCKMESH_TEST_LEADER_CRASH=1 to run")
-		}
 		testProcesses(t, bin, true)
 	})
 }

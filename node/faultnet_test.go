@@ -1,0 +1,372 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lni/vfs"
+
+	"github.com/lockmesh/lockmesh/internal/faultnet"
+)
+
+// faultClock is an injectable lease clock: the real clock plus an offset
+// that tests can jump, an optional rate skew, and a freeze for simulated
+// process pauses. It derives every reading from time.Now with Add, so the
+// monotonic reading is kept and shifted along with the wall reading: a Jump
+// is a jump of the clock the lease logic measures durations with.
+type faultClock struct {
+	mu       sync.Mutex
+	offset   time.Duration
+	rate     float64   // 0 means the real rate
+	skewFrom time.Time // real time the current rate started
+	frozen   bool
+	frozenAt time.Time
+}
+
+func (c *faultClock) Now() time.Time {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.readLocked(now)
+}
+
+func (c *faultClock) readLocked(now time.Time) time.Time {
+	if c.frozen {
+		return c.frozenAt
+	}
+	t := now.Add(c.offset)
+	if c.rate != 0 {
+		t = t.Add(time.Duration(float64(now.Sub(c.skewFrom)) * (c.rate - 1)))
+	}
+	return t
+}
+
+// Jump moves the clock by d (negative: back in time).
+func (c *faultClock) Jump(d time.Duration) {
+	c.mu.Lock()
+	c.offset += d
+	c.mu.Unlock()
+}
+
+// Skew makes the clock run at rate times real time from now on (1: real).
+func (c *faultClock) Skew(rate float64) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset = c.readLocked(now).Sub(now)
+	c.rate, c.skewFrom = rate, now
+}
+
+// Freeze stops the clock, as the clock of a paused process appears to the
+// process itself.
+func (c *faultClock) Freeze() {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.frozen {
+		c.frozenAt = c.readLocked(now)
+		c.frozen = true
+	}
+}
+
+// Thaw restarts a frozen clock where real time is: the whole pause passes
+// at once, as it does for a process resumed after SIGSTOP.
+func (c *faultClock) Thaw() {
+	c.mu.Lock()
+	c.frozen = false
+	c.mu.Unlock()
+}
+
+// Reset removes every fault: real time, real rate.
+func (c *faultClock) Reset() {
+	c.mu.Lock()
+	c.offset, c.rate, c.frozen = 0, 0, false
+	c.mu.Unlock()
+}
+
+// gate stops the load workers of a paused or crashed peer: a paused
+// process runs none of its code, its lock holders included.
+type gate struct {
+	mu sync.Mutex
+	ch chan struct{} // nil while open
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	if g.ch == nil {
+		g.ch = make(chan struct{})
+	}
+	g.mu.Unlock()
+}
+
+func (g *gate) open() {
+	g.mu.Lock()
+	if g.ch != nil {
+		close(g.ch)
+		g.ch = nil
+	}
+	g.mu.Unlock()
+}
+
+func (g *gate) wait(ctx context.Context) {
+	g.mu.Lock()
+	ch := g.ch
+	g.mu.Unlock()
+	if ch != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// faultPeer is one peer of a fault cluster. Its in-memory file system,
+// addresses and clock survive kill and restart.
+type faultPeer struct {
+	name  string
+	cfg   Config
+	clock *faultClock
+	gate  gate
+	cur   atomic.Pointer[Node]
+}
+
+func (p *faultPeer) node() *Node { return p.cur.Load() }
+
+// faultCluster is an in-process cluster whose Raft and RPC traffic runs
+// through one faultnet.Network. Gossip is real loopback UDP/TCP and is not
+// under the network's rules (node has no gossip transport hook).
+type faultCluster struct {
+	t     testing.TB
+	net   *faultnet.Network
+	peers []*faultPeer
+	opts  faultOpts
+}
+
+type faultOpts struct {
+	peers, shards int
+	ttl           time.Duration
+	mutate        func(*Config) // applied to every peer's config
+}
+
+// faultClusterSeq keeps Raft addresses unique across tests: the channel
+// transport's listener table is process-wide.
+var faultClusterSeq atomic.Int64
+
+func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
+	t.Helper()
+	if o.peers == 0 {
+		o.peers = 3
+	}
+	if o.shards == 0 {
+		o.shards = 4
+	}
+	if o.ttl == 0 {
+		o.ttl = time.Second
+	}
+	fc := &faultCluster{t: t, net: faultnet.New(), opts: o}
+	seq := faultClusterSeq.Add(1)
+	raftPeer := map[string]string{}
+	rpcPeer := map[string]string{}
+	var gossip []string
+	for i := 0; i < o.peers; i++ {
+		name := fmt.Sprintf("peer-%d", i+1)
+		cfg := Config{
+			Name:              name,
+			DataDir:           "/data/" + name,
+			GossipAddr:        freeAddr(t),
+			RaftAddr:          fmt.Sprintf("fault%d-%s:1", seq, name),
+			RPCAddr:           freeAddr(t),
+			BootstrapExpect:   o.peers,
+			Shards:            o.shards,
+			ReplicationFactor: 3,
+			SessionTTL:        o.ttl,
+			RTT:               10 * time.Millisecond,
+			Logger:            testLogger(),
+			FS:                vfs.NewMem(),
+		}
+		raftPeer[cfg.RaftAddr] = name
+		rpcPeer[cfg.RPCAddr] = name
+		gossip = append(gossip, cfg.GossipAddr)
+		fc.peers = append(fc.peers, &faultPeer{name: name, cfg: cfg, clock: &faultClock{}})
+	}
+	// The maps are complete before any peer starts and never change: every
+	// address is fixed across restarts.
+	for i, p := range fc.peers {
+		p.cfg.Join = append(append([]string(nil), gossip[:i]...), gossip[i+1:]...)
+		p.cfg.raftTransport = fc.net.RaftTransportFactory(p.name, func(addr string) string { return raftPeer[addr] })
+		p.cfg.rpcDial = fc.net.Dialer(p.name, func(addr string) string { return rpcPeer[addr] })
+		p.cfg.Clock = p.clock
+		if o.mutate != nil {
+			o.mutate(&p.cfg)
+		}
+	}
+	t.Cleanup(func() {
+		fc.net.Heal()
+		for _, p := range fc.peers {
+			p.clock.Reset()
+			p.gate.open()
+			if n := p.node(); n != nil {
+				_ = n.Close()
+			}
+		}
+	})
+	for _, p := range fc.peers {
+		fc.start(p)
+	}
+	for _, p := range fc.peers {
+		fc.waitReady(p)
+	}
+	return fc
+}
+
+func (fc *faultCluster) start(p *faultPeer) {
+	fc.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Start(ctx, p.cfg)
+	if err != nil {
+		fc.t.Fatalf("start %s: %v", p.name, err)
+	}
+	p.cur.Store(n)
+}
+
+func (fc *faultCluster) waitReady(p *faultPeer) {
+	fc.t.Helper()
+	select {
+	case <-p.node().Ready():
+	case <-time.After(20 * time.Second):
+		fc.t.Fatalf("%s not ready after 20s", p.name)
+	}
+}
+
+// kill crashes p (no session closed, no goodbye) and stops its workers.
+func (fc *faultCluster) kill(p *faultPeer) {
+	p.gate.close()
+	p.node().kill()
+}
+
+// restart starts p again from its data dir and lets its workers run.
+func (fc *faultCluster) restart(p *faultPeer) {
+	fc.start(p)
+	fc.waitReady(p)
+	p.gate.open()
+}
+
+// pause simulates SIGSTOP: p's network and clock freeze and its workers
+// stop where they are. Its node's own goroutines keep running in-process,
+// but they see neither time pass nor any peer.
+func (fc *faultCluster) pause(p *faultPeer) {
+	p.gate.close()
+	p.clock.Freeze()
+	fc.net.Isolate(p.name)
+}
+
+// resume undoes pause: the clock catches up with real time at once.
+func (fc *faultCluster) resume(p *faultPeer) {
+	fc.net.Rejoin(p.name)
+	p.clock.Thaw()
+	p.gate.open()
+}
+
+// leaderCounts reports how many shards (meta included) each peer leads, by
+// the view of the first live peer that knows each shard's leader.
+func (fc *faultCluster) leaderCounts() map[string]int {
+	counts := map[string]int{}
+	for _, p := range fc.peers {
+		counts[p.name] = 0
+	}
+	var pl *placement
+	for _, p := range fc.peers {
+		if n := p.node(); n != nil && !n.isClosed() {
+			pl = n.placement.Load()
+			break
+		}
+	}
+	if pl == nil {
+		return counts
+	}
+	for _, shard := range pl.shardIDs() {
+		for _, p := range fc.peers {
+			n := p.node()
+			if n == nil || n.isClosed() {
+				continue
+			}
+			if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
+				if pe, ok := pl.peerByReplica(id); ok {
+					counts[pe.Name]++
+					break
+				}
+			}
+		}
+	}
+	return counts
+}
+
+// mostLeading and leastLeading pick the peer leading the most (fewest)
+// shards.
+func (fc *faultCluster) mostLeading() *faultPeer  { return fc.pickByLeads(true) }
+func (fc *faultCluster) leastLeading() *faultPeer { return fc.pickByLeads(false) }
+
+func (fc *faultCluster) pickByLeads(most bool) *faultPeer {
+	counts := fc.leaderCounts()
+	best := fc.peers[0]
+	for _, p := range fc.peers[1:] {
+		if (most && counts[p.name] > counts[best.name]) || (!most && counts[p.name] < counts[best.name]) {
+			best = p
+		}
+	}
+	return best
+}
+
+func (fc *faultCluster) others(p *faultPeer) []string {
+	var out []string
+	for _, q := range fc.peers {
+		if q != p {
+			out = append(out, q.name)
+		}
+	}
+	return out
+}
+
+func TestFaultClock(t *testing.T) {
+	c := &faultClock{}
+	a := c.Now()
+	c.Jump(time.Hour)
+	if d := c.Now().Sub(a); d < time.Hour || d > time.Hour+time.Second {
+		t.Fatalf("after Jump(1h) the clock moved %v", d)
+	}
+	c.Jump(-time.Hour)
+	c.Freeze()
+	f := c.Now()
+	time.Sleep(20 * time.Millisecond)
+	if !c.Now().Equal(f) {
+		t.Fatal("a frozen clock moved")
+	}
+	c.Thaw()
+	if d := c.Now().Sub(f); d < 20*time.Millisecond {
+		t.Fatalf("a thawed clock is %v past the freeze, want the real 20ms+", d)
+	}
+	c.Skew(2)
+	b := c.Now()
+	time.Sleep(50 * time.Millisecond)
+	if d := c.Now().Sub(b); d < 100*time.Millisecond {
+		t.Fatalf("clock at rate 2 moved %v in 50ms", d)
+	}
+	// The monotonic reading survives, so Sub ignores wall-clock steps.
+	if s := c.Now().String(); !containsMono(s) {
+		t.Fatalf("reading %q has no monotonic part", s)
+	}
+}
+
+func containsMono(s string) bool {
+	for i := 0; i+2 < len(s); i++ {
+		if s[i:i+2] == "m=" {
+			return true
+		}
+	}
+	return false
+}

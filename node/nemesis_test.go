@@ -1,0 +1,493 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+)
+
+// Nemesis tests: a 3-peer cluster (4 lock shards, TTL 1s, RTT 10ms) under
+// concurrent lock load on several keys, one fault at a time, with every
+// checker run on the whole history:
+//
+//	(a) porcupine: the history is linearizable as a fenced mutex;
+//	(b) tokens strictly increase per key in grant order;
+//	(c) a Fence never admits a token below one it admitted (rejections of
+//	    stale holders are counted, not failures);
+//	(d) the resource never has two holders inside whose Done() is open;
+//	(e) after the fault heals, every key can be locked within livenessBound.
+//
+// Each run logs one line (t.Logf; run with -v to see it on success):
+//
+//	nemesis <name>: <ops> ops, <keys> keys, <violations> violations, <seconds>s
+
+const (
+	nemesisTTL     = time.Second
+	nemesisWorkers = 3  // per peer
+	nemesisHold    = 10 // longest stay inside, ms
+)
+
+// livenessBound is how long after healing every key must be lockable: the
+// holder's lease may have just been extended (TTL), a new leader adds its
+// grace and a full TTL (2×TTL), plus 2s for elections and catch-up.
+func livenessBound(ttl time.Duration) time.Duration { return 3*ttl + 2*time.Second }
+
+var nemesisKeys = []string{"acct/1", "acct/2", "acct/3", "job/a", "job/b", "job/c"}
+
+// resource is the protected resource: who is inside per key, and a Fence
+// every holder writes through.
+type resource struct {
+	mu          sync.Mutex
+	inside      map[string]map[*Lock]string
+	fence       Fence
+	admitted    map[string]uint64 // highest token the fence admitted
+	lastEntered map[string]uint64 // highest token that entered with an open lease
+	reported    map[[2]uint64]bool
+	violations  []string
+	rejections  atomic.Int64
+	staleEnters atomic.Int64
+}
+
+func newResource() *resource {
+	return &resource{inside: map[string]map[*Lock]string{}, admitted: map[string]uint64{}, lastEntered: map[string]uint64{}, reported: map[[2]uint64]bool{}}
+}
+
+func leaseOpen(l *Lock) bool {
+	select {
+	case <-l.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+func (r *resource) violate(format string, args ...any) {
+	r.violations = append(r.violations, fmt.Sprintf(format, args...))
+}
+
+// overlapLocked reports holders of key inside together with l, both with
+// open leases. Callers hold r.mu.
+func (r *resource) overlapLocked(key string, l *Lock, who string) {
+	for o, owho := range r.inside[key] {
+		if o == l || !leaseOpen(o) {
+			continue
+		}
+		pair := [2]uint64{min(o.Token(), l.Token()), max(o.Token(), l.Token())}
+		if r.reported[pair] {
+			continue
+		}
+		r.reported[pair] = true
+		r.violate("key %s: %s (token %d) and %s (token %d) inside at once, both leases open", key, who, l.Token(), owho, o.Token())
+	}
+}
+
+// write passes token through the fence. Callers hold r.mu.
+func (r *resource) writeLocked(key string, token uint64) {
+	if err := r.fence.Check(key, token); err != nil {
+		r.rejections.Add(1)
+		return
+	}
+	if token < r.admitted[key] {
+		r.violate("key %s: fence admitted token %d after %d", key, token, r.admitted[key])
+	}
+	r.admitted[key] = max(r.admitted[key], token)
+}
+
+// enter puts holder l inside and reports whether its lease was open.
+func (r *resource) enter(key string, l *Lock, who string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	open := leaseOpen(l)
+	if open {
+		r.overlapLocked(key, l, who)
+		if l.Token() <= r.lastEntered[key] {
+			r.violate("key %s: %s entered with token %d after token %d had entered", key, who, l.Token(), r.lastEntered[key])
+		}
+		r.lastEntered[key] = max(r.lastEntered[key], l.Token())
+	} else {
+		r.staleEnters.Add(1)
+	}
+	if r.inside[key] == nil {
+		r.inside[key] = map[*Lock]string{}
+	}
+	r.inside[key][l] = who
+	r.writeLocked(key, l.Token())
+	return open
+}
+
+// leave checks l's lease one last time, writes (a holder that lost its
+// lease writes too: the fence must stop it) and takes l out.
+func (r *resource) leave(key string, l *Lock, who string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	open := leaseOpen(l)
+	if open {
+		r.overlapLocked(key, l, who)
+	}
+	r.writeLocked(key, l.Token())
+	delete(r.inside[key], l)
+	return open
+}
+
+// grantLog remembers when each peer's Lock calls were made and returned,
+// for the majority-partition check.
+type grant struct {
+	peer      string
+	call, ret int64
+}
+
+// loadRun is concurrent lock load on a fault cluster with its checkers.
+type loadRun struct {
+	fc     *faultCluster
+	hist   *history
+	res    *resource
+	hold   func() time.Duration
+	mu     sync.Mutex
+	grants []grant
+	extra  []string // violations found by nemeses and the liveness check
+}
+
+func newLoadRun(fc *faultCluster) *loadRun {
+	return &loadRun{fc: fc, hist: newHistory(), res: newResource(),
+		hold: func() time.Duration { return time.Duration(rand.IntN(nemesisHold*1000)) * time.Microsecond }}
+}
+
+func (lr *loadRun) violate(format string, args ...any) {
+	lr.mu.Lock()
+	lr.extra = append(lr.extra, fmt.Sprintf(format, args...))
+	lr.mu.Unlock()
+}
+
+// start runs workers on every peer until ctx ends.
+func (lr *loadRun) start(ctx context.Context) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for _, p := range lr.fc.peers {
+		for w := 0; w < nemesisWorkers; w++ {
+			who := fmt.Sprintf("%s/w%d", p.name, w)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					key := nemesisKeys[rand.IntN(len(nemesisKeys))]
+					if err := lr.once(ctx, p, who, key, 3*time.Second); errors.Is(err, ErrClosed) {
+						time.Sleep(20 * time.Millisecond) // killed: wait for the restart
+					}
+				}
+			}()
+		}
+	}
+	return &wg
+}
+
+// once locks key on p, goes inside the resource, and unlocks, recording
+// every operation whose outcome is known.
+func (lr *loadRun) once(ctx context.Context, p *faultPeer, who, key string, timeout time.Duration) error {
+	p.gate.wait(ctx)
+	n := p.node()
+	if ctx.Err() != nil || n == nil {
+		return ctx.Err()
+	}
+	h := lr.hist
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	call := h.now()
+	l, err := n.Lock(lctx, key)
+	ret := h.now()
+	cancel()
+	if err != nil {
+		return err
+	}
+	tok := l.Token()
+	h.add(key, lockOp{opAcquire, tok, who}, call, ret)
+	lr.mu.Lock()
+	lr.grants = append(lr.grants, grant{peer: p.name, call: call, ret: ret})
+	lr.mu.Unlock()
+
+	p.gate.wait(ctx)
+	call = h.now()
+	if lr.res.enter(key, l, who) {
+		h.add(key, lockOp{opCheck, tok, who}, call, h.now())
+	}
+	time.Sleep(lr.hold())
+	p.gate.wait(ctx) // a paused holder checks its lease only once resumed
+	call = h.now()
+	if lr.res.leave(key, l, who) {
+		h.add(key, lockOp{opCheck, tok, who}, call, h.now())
+	}
+	uctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	call = h.now()
+	if err := l.Unlock(uctx); err == nil {
+		h.add(key, lockOp{opRelease, tok, who}, call, h.now())
+	}
+	return nil
+}
+
+// checkLiveness locks every key, from each peer in turn, within
+// livenessBound of healed.
+func (lr *loadRun) checkLiveness(ctx context.Context, healed time.Time) {
+	bound := livenessBound(lr.fc.opts.ttl)
+	var wg sync.WaitGroup
+	for i, key := range nemesisKeys {
+		p := lr.fc.peers[i%len(lr.fc.peers)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				left := time.Until(healed.Add(bound))
+				if left <= 0 || ctx.Err() != nil {
+					lr.violate("liveness: key %s not locked from %s within %v of healing", key, p.name, bound)
+					return
+				}
+				if err := lr.once(ctx, p, p.name+"/liveness", key, left); err == nil {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// verify runs every checker and returns all violations.
+func (lr *loadRun) verify(t testing.TB) []string {
+	lr.res.mu.Lock()
+	v := append([]string(nil), lr.res.violations...)
+	lr.res.mu.Unlock()
+	lr.mu.Lock()
+	v = append(v, lr.extra...)
+	lr.mu.Unlock()
+	return append(v, lr.hist.check(t.TempDir())...)
+}
+
+// nemesis injects one fault into a running cluster and heals it; it
+// returns when the cluster is healed. It may check what must not happen
+// during the fault through lr.violate.
+type nemesis struct {
+	name   string
+	inject func(ctx context.Context, lr *loadRun)
+	// skipLiveness is for nemeses that are expected to break the cluster.
+	skipLiveness bool
+}
+
+// faultFor is how long a fault lasts: longer than a TTL plus the new
+// leader's grace, so sessions can expire during it.
+const faultFor = 3 * time.Second
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+var nemeses = []nemesis{
+	{name: "leader-isolation", inject: func(ctx context.Context, lr *loadRun) {
+		fc := lr.fc
+		victim := fc.mostLeading()
+		fc.net.Isolate(victim.name)
+		sleepCtx(ctx, faultFor)
+		fc.net.Heal()
+	}},
+	{name: "minority-partition", inject: func(ctx context.Context, lr *loadRun) {
+		fc := lr.fc
+		victim := fc.leastLeading()
+		fc.net.Partition([]string{victim.name}, fc.others(victim))
+		sleepCtx(ctx, faultFor)
+		fc.net.Heal()
+	}},
+	{name: "majority-partition", inject: func(ctx context.Context, lr *loadRun) {
+		// The majority side keeps working; the minority side, which led
+		// the most shards, must not grant anything while cut off.
+		fc := lr.fc
+		minority := fc.mostLeading()
+		cut := lr.hist.now()
+		fc.net.Partition([]string{minority.name}, fc.others(minority))
+		sleepCtx(ctx, faultFor)
+		healed := lr.hist.now()
+		fc.net.Heal()
+		lr.mu.Lock()
+		defer lr.mu.Unlock()
+		for _, g := range lr.grants {
+			if g.peer == minority.name && g.call > cut && g.ret < healed {
+				lr.extra = append(lr.extra, fmt.Sprintf("minority peer %s granted a lock asked for at %.3fs, returned %.3fs, inside the partition [%.3fs, %.3fs]",
+					g.peer, time.Duration(g.call).Seconds(), time.Duration(g.ret).Seconds(), time.Duration(cut).Seconds(), time.Duration(healed).Seconds()))
+			}
+		}
+	}},
+	{name: "one-way-leader", inject: func(ctx context.Context, lr *loadRun) {
+		// The leader hears everyone but nobody hears it.
+		fc := lr.fc
+		victim := fc.mostLeading()
+		for _, o := range fc.others(victim) {
+			fc.net.OneWay(victim.name, o)
+		}
+		sleepCtx(ctx, faultFor)
+		fc.net.Heal()
+	}},
+	{name: "pause", inject: func(ctx context.Context, lr *loadRun) {
+		fc := lr.fc
+		victim := fc.mostLeading()
+		fc.pause(victim)
+		sleepCtx(ctx, 2*fc.opts.ttl+time.Second)
+		fc.resume(victim)
+	}},
+	{name: "kill-restart", inject: func(ctx context.Context, lr *loadRun) {
+		fc := lr.fc
+		victim := fc.mostLeading()
+		fc.kill(victim)
+		sleepCtx(ctx, 2*time.Second)
+		fc.restart(victim)
+	}},
+	{name: "clock-jump", inject: func(ctx context.Context, lr *loadRun) {
+		// Jumps smaller than the lease margin, forward and back, on the
+		// peer leading most shards: the design tolerates clock errors up
+		// to LeaseMargin per TTL (docs/SAFETY.md).
+		fc := lr.fc
+		victim := fc.mostLeading()
+		j := fc.peers[0].node().cfg.LeaseMargin / 2
+		for i := 0; i < 3 && ctx.Err() == nil; i++ {
+			victim.clock.Jump(j)
+			sleepCtx(ctx, fc.opts.ttl/2)
+			victim.clock.Jump(-j)
+			sleepCtx(ctx, fc.opts.ttl/2)
+		}
+	}},
+	{name: "snapshot-during-partition", inject: func(ctx context.Context, lr *loadRun) {
+		fc := lr.fc
+		victim := fc.leastLeading()
+		fc.net.Partition([]string{victim.name}, fc.others(victim))
+		sleepCtx(ctx, faultFor/2)
+		// Snapshot and compact every shard on the connected peers, so the
+		// cut-off replica can only catch up from a snapshot.
+		for _, p := range fc.peers {
+			if p == victim {
+				continue
+			}
+			n := p.node()
+			for _, shard := range n.placement.Load().shardIDs() {
+				sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := n.nh.SyncRequestSnapshot(sctx, shard, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
+				cancel()
+				if err != nil && !errors.Is(err, dragonboat.ErrRejected) {
+					fc.t.Logf("snapshot of shard %d on %s: %v", shard, p.name, err)
+				}
+			}
+		}
+		sleepCtx(ctx, faultFor/2)
+		fc.net.Heal()
+		// The replica must catch up: a linearizable read on each of its
+		// shards needs it applied up to the leader's commit index.
+		deadline := time.Now().Add(livenessBound(fc.opts.ttl))
+		n := victim.node()
+		for _, shard := range n.placement.Load().shardIDs() {
+			for {
+				_, err := n.readLocal(ctx, shard, lockQuery{Kind: querySessions})
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) || ctx.Err() != nil {
+					lr.violate("snapshot: %s did not catch up on shard %d: %v", victim.name, shard, err)
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		chunks := 0
+		for _, o := range fc.others(victim) {
+			chunks += fc.net.SnapshotChunks(o, victim.name)
+		}
+		if chunks == 0 {
+			lr.violate("snapshot: %s caught up without receiving any snapshot chunk; the nemesis did not exercise snapshot transfer", victim.name)
+		}
+	}},
+}
+
+// nemesisResult is what one run checked.
+type nemesisResult struct {
+	ops, keys  int
+	violations []string
+	elapsed    time.Duration
+}
+
+// runNemesis starts a fault cluster, runs load, injects nm's fault (again
+// and again until soak ends, at least once), checks liveness after each
+// heal, then stops the load and runs every checker.
+func runNemesis(t *testing.T, nm nemesis, soak time.Duration, o faultOpts) nemesisResult {
+	start := time.Now()
+	if o.ttl == 0 {
+		o.ttl = nemesisTTL
+	}
+	fc := startFaultCluster(t, o)
+	lr := newLoadRun(fc)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wg := lr.start(ctx)
+	sleepCtx(ctx, 1500*time.Millisecond) // warm up: sessions open, leaders settle
+	for round := 0; round == 0 || time.Since(start) < soak; round++ {
+		nm.inject(ctx, lr)
+		if !nm.skipLiveness {
+			lr.checkLiveness(ctx, time.Now())
+		}
+		sleepCtx(ctx, time.Second)
+	}
+	cancel()
+	wg.Wait()
+	ops, keys := lr.hist.size()
+	r := nemesisResult{ops: ops, keys: keys, violations: lr.verify(t), elapsed: time.Since(start)}
+	t.Logf("nemesis %s: %d ops, %d keys, %d violations, %.1fs", nm.name, r.ops, r.keys, len(r.violations), r.elapsed.Seconds())
+	return r
+}
+
+func TestNemesis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("nemesis suite skipped in -short mode")
+	}
+	for _, nm := range nemeses {
+		t.Run(nm.name, func(t *testing.T) {
+			r := runNemesis(t, nm, 0, faultOpts{})
+			for _, v := range r.violations {
+				t.Error(v)
+			}
+			if r.ops < 100 {
+				t.Errorf("only %d ops checked: the load did not run", r.ops)
+			}
+		})
+	}
+}
+
+// The suite must be able to fail: with leaders expiring sessions after a
+// quarter of the TTL and no new-leader grace, while holders stay inside for
+// half a TTL trusting Done(), the checkers must report violations.
+func TestBrokenVariantIsCaught(t *testing.T) {
+	if testing.Short() {
+		t.Skip("nemesis suite skipped in -short mode")
+	}
+	o := faultOpts{mutate: func(c *Config) { c.unsafeExpireAfter = nemesisTTL / 4 }}
+	fc := startFaultCluster(t, o)
+	fc.opts.ttl = nemesisTTL
+	lr := newLoadRun(fc)
+	lr.hold = func() time.Duration { return nemesisTTL/2 + time.Duration(rand.IntN(50))*time.Millisecond }
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+	defer cancel()
+	lr.start(ctx).Wait()
+	ops, keys := lr.hist.size()
+	v := lr.verify(t)
+	t.Logf("nemesis broken-expiry: %d ops, %d keys, %d violations, %.1fs", ops, keys, len(v), time.Since(start).Seconds())
+	if len(v) == 0 {
+		t.Fatal("sessions expired at TTL/4 under holders inside for TTL/2, yet no checker reported a violation")
+	}
+	for i, s := range v {
+		if i == 5 {
+			break
+		}
+		t.Logf("caught: %s", s)
+	}
+}
