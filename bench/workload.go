@@ -43,6 +43,7 @@ type keyState struct {
 	inside     int // worker id + 1 inside the critical section, 0 if none
 	lastHolder int // worker id + 1 of the previous holder, 0 if none
 	lastToken  uint64
+	tokened    bool // lastToken is set: a first grant may carry token 0 (ZooKeeper's first sequence number)
 }
 
 func newChecker() *checker {
@@ -82,10 +83,11 @@ func (c *checker) enter(key string, worker int, token uint64, hasToken bool) {
 		c.violate("key %q: worker %d entered while worker %d is inside", key, worker, k.inside-1)
 	}
 	if hasToken {
-		if token <= k.lastToken {
+		if k.tokened && token <= k.lastToken {
 			c.violate("key %q: worker %d got token %d, not above the previous grant's %d", key, worker, token, k.lastToken)
 		}
 		k.lastToken = max(k.lastToken, token)
+		k.tokened = true
 	}
 	if k.lastHolder != 0 && k.lastHolder != worker+1 && c.recording.Load() {
 		c.handoffs.Add(1)
