@@ -7,6 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	_ "net/http/pprof" // for -pprof
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -40,6 +43,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		memLocks  = fs.String("memlocks", "100000", "with -footprint: comma-separated held-lock counts (empty skips)")
 		memTime   = fs.Duration("memtimeout", 5*time.Minute, "with -footprint: bound on taking one count's locks")
 		cpuprof   = fs.String("cpuprofile", "", "write a CPU profile of the whole run (bench process) to this file")
+		pprofAddr = fs.String("pprof", "", "serve net/http/pprof on this 127.0.0.1 address during the run, e.g. 127.0.0.1:6060")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -72,6 +76,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	defer StopAllProcs()
 
+	if *pprofAddr != "" {
+		host, _, err := net.SplitHostPort(*pprofAddr)
+		if err != nil || host != "127.0.0.1" {
+			fmt.Fprintf(stderr, "lockbench: -pprof %q must be 127.0.0.1:PORT\n", *pprofAddr)
+			return 2
+		}
+		srv := &http.Server{Addr: *pprofAddr} // DefaultServeMux carries net/http/pprof
+		go func() { _ = srv.ListenAndServe() }()
+		defer srv.Close()
+	}
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
 		if err != nil {
