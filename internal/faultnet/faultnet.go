@@ -34,11 +34,12 @@ type Network struct {
 	delay    map[link]time.Duration
 	drop     map[link]float64
 	conns    map[*conn]struct{} // live TCP connections, broken when their link is cut
+	chunks   map[link]int       // snapshot chunks delivered per link, never reset
 }
 
 // New returns a healthy network: every link allowed, no delay, no drops.
 func New() *Network {
-	n := &Network{conns: map[*conn]struct{}{}}
+	n := &Network{conns: map[*conn]struct{}{}, chunks: map[link]int{}}
 	n.reset()
 	return n
 }
@@ -124,6 +125,21 @@ func (n *Network) allowedLocked(from, to string) bool {
 		return true
 	}
 	return !n.cut[link{from, to}] && !n.isolated[from] && !n.isolated[to]
+}
+
+// SnapshotChunks counts the Raft snapshot chunks delivered from one peer to
+// another since the network was created, so a test can tell a replica
+// caught up from a snapshot rather than from the log.
+func (n *Network) SnapshotChunks(from, to string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.chunks[link{from, to}]
+}
+
+func (n *Network) countChunk(from, to string) {
+	n.mu.Lock()
+	n.chunks[link{from, to}]++
+	n.mu.Unlock()
 }
 
 // String describes the current rules, for test logs.

@@ -97,6 +97,9 @@ func TestRaftConnectionsObeyRules(t *testing.T) {
 	if d := time.Since(start); d < 40*time.Millisecond {
 		t.Fatalf("chunk sent after %v, want the 40ms delay", d)
 	}
+	if got := n.SnapshotChunks("a", "b"); got != 1 {
+		t.Fatalf("SnapshotChunks(a, b) = %d, want the 1 delivered chunk", got)
+	}
 	if !n.RaftTransportFactory("a", func(string) string { return "b" }).Validate("peer-1:1") {
 		t.Fatal("the factory must accept plain-string addresses")
 	}

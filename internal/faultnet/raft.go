@@ -90,5 +90,9 @@ func (c *snapshotConn) SendChunk(chunk pb.Chunk) error {
 		return fmt.Errorf("snapshot chunk %s -> %s: %w", c.self, c.peer, ErrCut)
 	}
 	sleep(wait)
-	return c.ISnapshotConnection.SendChunk(chunk)
+	if err := c.ISnapshotConnection.SendChunk(chunk); err != nil {
+		return err
+	}
+	c.net.countChunk(c.self, c.peer)
+	return nil
 }
