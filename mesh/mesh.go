@@ -40,6 +40,9 @@ type Mesh struct {
 	cfg  Config
 	log  *slog.Logger
 	list *memberlist.Memberlist
+	// addr is the gossip address, read once at Create: memberlist rewrites
+	// its local node without a lock on every UpdateNode.
+	addr string
 	// events is nil when Config.OnEvent is nil.
 	events *eventQueue
 
@@ -134,6 +137,7 @@ func Create(cfg Config) (*Mesh, error) {
 		return nil, fmt.Errorf("mesh: start gossip on %s: %w", cfg.BindAddr, err)
 	}
 	m.list = list
+	m.addr = list.LocalNode().Address()
 	return m, nil
 }
 
@@ -214,7 +218,7 @@ func (m *Mesh) LocalName() string { return m.cfg.Name }
 
 // Addr returns the gossip host:port other peers reach this one at (the
 // advertised address, with the real port when BindAddr asked for port 0).
-func (m *Mesh) Addr() string { return m.list.LocalNode().Address() }
+func (m *Mesh) Addr() string { return m.addr }
 
 // LocalMeta returns the metadata this peer currently gossips.
 func (m *Mesh) LocalMeta() Meta {
