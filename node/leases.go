@@ -106,12 +106,12 @@ func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveR
 	if p == nil || !p.hosts(req.Shard, n.cfg.Name) {
 		return keepAliveResp{}, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
 	}
-	self, _ := p.peer(n.cfg.Name)
+	self, _ := p.replicaID(req.Shard, n.cfg.Name)
 	leaderID, term, valid, err := n.nh.GetLeaderID(req.Shard)
 	if err != nil || !valid {
 		return keepAliveResp{}, rpcError(codeBusy, "shard %d has no leader yet", req.Shard)
 	}
-	if leaderID != self.ReplicaID {
+	if leaderID != self {
 		hint := "?" // not empty: an empty Leader means "acknowledged"
 		if pe, ok := p.peerByReplica(leaderID); ok {
 			hint = pe.Name
@@ -345,7 +345,7 @@ func (n *Node) otherReplica(shard uint64, avoid string, attempt int) string {
 		return ""
 	}
 	var hosts []string
-	for _, h := range p.Replicas[shard] {
+	for _, h := range p.hostNames(shard) {
 		if h != avoid {
 			hosts = append(hosts, h)
 		}

@@ -264,12 +264,12 @@ func (n *Node) adopt(p *placement) error {
 	if err := n.saveRecord(p); err != nil {
 		return err
 	}
-	self, hosted := p.peer(n.cfg.Name)
 	for _, shard := range p.shardIDs() {
-		if !hosted || !p.hosts(shard, n.cfg.Name) {
+		id, ok := p.replicaID(shard, n.cfg.Name)
+		if !ok {
 			continue
 		}
-		if err := n.startReplica(p, shard, self.ReplicaID); err != nil {
+		if err := n.startReplica(p, shard, id); err != nil {
 			return err
 		}
 	}

@@ -24,35 +24,47 @@ const placementVersion = 1
 type peerEntry struct {
 	Name       string `msgpack:"n"`
 	NodeHostID string `msgpack:"h"`
-	ReplicaID  uint64 `msgpack:"r"`
+}
+
+// replica is one replica of a shard. Replica ids are unique across the
+// whole cluster and never reused, so a replica removed from a shard can
+// never rejoin it under its old id.
+type replica struct {
+	Peer string `msgpack:"p"`
+	ID   uint64 `msgpack:"i"`
 }
 
 // placement is the cluster's layout: which peers host which shards. It is
 // agreed at bootstrap, replicated in the meta shard and cached in the data
 // dir so a restarted peer knows which replicas to start.
 type placement struct {
-	Epoch     uint64              `msgpack:"e"`
-	ClusterID uint64              `msgpack:"c"`
-	Shards    int                 `msgpack:"s"`
-	RF        int                 `msgpack:"f"`
-	Peers     []peerEntry         `msgpack:"p"` // sorted by Name
-	Replicas  map[uint64][]string `msgpack:"x"` // shard id -> peer names
+	Epoch         uint64               `msgpack:"e"`
+	ClusterID     uint64               `msgpack:"c"`
+	Shards        int                  `msgpack:"s"`
+	RF            int                  `msgpack:"f"`
+	Peers         []peerEntry          `msgpack:"p"` // sorted by Name
+	Replicas      map[uint64][]replica `msgpack:"x"` // shard id -> replicas, sorted by peer
+	NextReplicaID uint64               `msgpack:"n"`
 }
 
 // newPlacement lays out shards over peers by rendezvous hashing. Peers must
-// be sorted by name; replica ids are their 1-based positions.
+// be sorted by name.
 func newPlacement(clusterID uint64, shards, rf int, peers []peerEntry) *placement {
-	p := &placement{Epoch: 1, ClusterID: clusterID, Shards: shards, RF: rf, Replicas: map[uint64][]string{}}
+	p := &placement{
+		Epoch: 1, ClusterID: clusterID, Shards: shards, RF: rf,
+		Peers: append([]peerEntry(nil), peers...), Replicas: map[uint64][]replica{}, NextReplicaID: 1,
+	}
 	names := make([]string, len(peers))
 	for i, pe := range peers {
-		pe.ReplicaID = uint64(i + 1)
-		p.Peers = append(p.Peers, pe)
 		names[i] = pe.Name
 	}
 	for _, id := range p.shardIDs() {
-		r := mesh.Replicas(id, names, rf)
-		slices.Sort(r)
-		p.Replicas[id] = r
+		chosen := mesh.Replicas(id, names, rf)
+		slices.Sort(chosen)
+		for _, name := range chosen {
+			p.Replicas[id] = append(p.Replicas[id], replica{Peer: name, ID: p.NextReplicaID})
+			p.NextReplicaID++
+		}
 	}
 	return p
 }
@@ -75,26 +87,49 @@ func (p *placement) peer(name string) (peerEntry, bool) {
 	return peerEntry{}, false
 }
 
+// peerByReplica returns the peer hosting the replica with id, in any shard.
 func (p *placement) peerByReplica(id uint64) (peerEntry, bool) {
-	for _, pe := range p.Peers {
-		if pe.ReplicaID == id {
-			return pe, true
+	for _, rs := range p.Replicas {
+		for _, r := range rs {
+			if r.ID == id {
+				return p.peer(r.Peer)
+			}
 		}
 	}
 	return peerEntry{}, false
 }
 
+// replicaID returns the id of name's replica of shard.
+func (p *placement) replicaID(shard uint64, name string) (uint64, bool) {
+	for _, r := range p.Replicas[shard] {
+		if r.Peer == name {
+			return r.ID, true
+		}
+	}
+	return 0, false
+}
+
 // hosts reports whether peer name has a replica of shard.
 func (p *placement) hosts(shard uint64, name string) bool {
-	return slices.Contains(p.Replicas[shard], name)
+	_, ok := p.replicaID(shard, name)
+	return ok
+}
+
+// hostNames lists the peers hosting shard.
+func (p *placement) hostNames(shard uint64) []string {
+	names := make([]string, 0, len(p.Replicas[shard]))
+	for _, r := range p.Replicas[shard] {
+		names = append(names, r.Peer)
+	}
+	return names
 }
 
 // initialMembers is the dragonboat member map of shard: replica id -> NodeHostID.
 func (p *placement) initialMembers(shard uint64) map[uint64]string {
 	m := map[uint64]string{}
-	for _, name := range p.Replicas[shard] {
-		if pe, ok := p.peer(name); ok {
-			m[pe.ReplicaID] = pe.NodeHostID
+	for _, r := range p.Replicas[shard] {
+		if pe, ok := p.peer(r.Peer); ok {
+			m[r.ID] = pe.NodeHostID
 		}
 	}
 	return m
@@ -120,9 +155,12 @@ func (p *placement) validate() error {
 		if len(p.Replicas[id]) == 0 {
 			return fmt.Errorf("placement has no replica for shard %d", id)
 		}
-		for _, name := range p.Replicas[id] {
-			if _, ok := p.peer(name); !ok {
-				return fmt.Errorf("shard %d names unknown peer %q", id, name)
+		for _, r := range p.Replicas[id] {
+			if _, ok := p.peer(r.Peer); !ok {
+				return fmt.Errorf("shard %d names unknown peer %q", id, r.Peer)
+			}
+			if r.ID == 0 || r.ID >= p.NextReplicaID {
+				return fmt.Errorf("shard %d has replica id %d outside [1, %d)", id, r.ID, p.NextReplicaID)
 			}
 		}
 	}

@@ -328,7 +328,7 @@ func (n *Node) callHost(ctx context.Context, shard uint64, method uint8, body []
 	if p == nil {
 		return nil, errNotReady
 	}
-	hosts := append([]string(nil), p.Replicas[shard]...)
+	hosts := p.hostNames(shard)
 	if l := n.leader(shard); l != "" {
 		for i, h := range hosts {
 			if h == l {
