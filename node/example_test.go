@@ -115,3 +115,22 @@ func ExampleNode_Inspect() {
 	l.Unlock(ctx)
 	// Output: 1 true 0
 }
+
+func ExampleNode_Placement() {
+	n, stop := startExamplePeer()
+	defer stop()
+
+	shards, err := n.Placement(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, s := range shards {
+		fmt.Println(s.Shard, s.Meta, s.Replicas)
+	}
+	fmt.Println(len(n.Members()), n.Members()[0].Alive)
+	// Output:
+	// 1 true [example]
+	// 2 false [example]
+	// 3 false [example]
+	// 1 true
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/lockmesh/lockmesh/lockfsm"
+	"github.com/lockmesh/lockmesh/mesh"
 )
 
 // Holder describes one holder or waiter of a key.
@@ -64,4 +65,63 @@ func holders(hs []lockfsm.Holder) []Holder {
 		out[i] = Holder{Peer: h.Owner, Session: h.Session, Request: h.Req, Token: h.Token}
 	}
 	return out
+}
+
+// Member is a peer of the mesh as this peer sees it.
+type Member struct {
+	Name       string
+	GossipAddr string
+	RaftAddr   string
+	RPCAddr    string
+	// Alive is false for peers gossip considers dead or gone.
+	Alive bool
+	// Cluster is the id of the cluster the peer belongs to, 0 if none yet.
+	Cluster uint64
+}
+
+// Members lists the peers gossip knows, sorted by name, including this one.
+func (n *Node) Members() []Member {
+	if n.isClosed() {
+		return nil
+	}
+	var out []Member
+	for _, m := range n.mesh.Members() {
+		out = append(out, Member{
+			Name: m.Name, GossipAddr: m.Addr, RaftAddr: m.Meta.RaftAddr, RPCAddr: m.Meta.RPCAddr,
+			Alive: m.State == mesh.StateAlive, Cluster: m.Meta.Cluster,
+		})
+	}
+	return out
+}
+
+// ShardInfo describes one shard of the layout.
+type ShardInfo struct {
+	Shard uint64
+	// Meta is true for the meta shard, which holds the layout itself.
+	Meta bool
+	// Replicas are the names of the peers hosting the shard.
+	Replicas []string
+	// Leader is the peer leading the shard as far as this peer knows ("" if
+	// unknown).
+	Leader string
+}
+
+// Placement returns the cluster layout: every shard with the peers that
+// host it and its leader as far as this peer knows. It waits (bounded by
+// ctx) until the cluster is formed.
+func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
+	if n.isClosed() {
+		return nil, ErrClosed
+	}
+	p, err := n.waitReady(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []ShardInfo
+	for _, shard := range p.shardIDs() {
+		out = append(out, ShardInfo{
+			Shard: shard, Meta: shard == metaShardID, Replicas: p.hostNames(shard), Leader: n.leaderGuess(shard),
+		})
+	}
+	return out, nil
 }
