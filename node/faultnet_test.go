@@ -112,6 +112,12 @@ func (g *gate) open() {
 	g.mu.Unlock()
 }
 
+func (g *gate) isClosed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.ch != nil
+}
+
 func (g *gate) wait(ctx context.Context) {
 	g.mu.Lock()
 	ch := g.ch
@@ -256,12 +262,14 @@ func (fc *faultCluster) restart(p *faultPeer) {
 	p.gate.open()
 }
 
-// pause simulates SIGSTOP: p's network and clock freeze and its workers
-// stop where they are. Its node's own goroutines keep running in-process,
-// but they see neither time pass nor any peer.
-func (fc *faultCluster) pause(p *faultPeer) {
+// pause simulates SIGSTOP: p's network freezes and its workers stop where
+// they are (holders stay inside). Its node's own goroutines keep running
+// in-process; with freezeClock they see no time pass either.
+func (fc *faultCluster) pause(p *faultPeer, freezeClock bool) {
 	p.gate.close()
-	p.clock.Freeze()
+	if freezeClock {
+		p.clock.Freeze()
+	}
 	fc.net.Isolate(p.name)
 }
 
