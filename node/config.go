@@ -70,6 +70,8 @@ type Config struct {
 	TLS *tls.Config
 	// RaftTLS enables mutual TLS on the Raft transport (dragonboat reads the
 	// PEM files itself). Zero means plaintext, which is logged as a warning.
+	// Set TLS too: lock commands also travel over lockmesh's own transport,
+	// so a peer that can reach the RPC port unauthenticated can lock.
 	RaftTLS RaftTLS
 
 	// Clock is the time source of the lease logic (holder deadlines and
