@@ -40,14 +40,34 @@ func (l *Lock) Token() uint64 { return l.token }
 // may have expired (keepalives unacknowledged for TTL minus the margin, on
 // the local monotonic clock), the cluster expired its session, the lock was
 // unlocked, or the node closed. Err says which.
-func (l *Lock) Done() <-chan struct{} { return l.done }
+//
+// A timer closes Done when the lease runs out, but Done also compares the
+// lease deadline with the clock each time it is called, so a holder that
+// was paused (SIGSTOP, a long GC) and checks Done on waking is never told
+// its lease is valid because the timer has not run yet.
+func (l *Lock) Done() <-chan struct{} {
+	l.checkLease()
+	return l.done
+}
 
 // Err returns nil while the lock is held, then why Done closed:
-// ErrLeaseExpired, ErrNotHeld (after Unlock) or ErrClosed.
+// ErrLeaseExpired, ErrNotHeld (after Unlock) or ErrClosed. Like Done, it
+// checks the lease deadline against the clock.
 func (l *Lock) Err() error {
+	l.checkLease()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.err
+}
+
+// checkLease loses the lock at once if its session's deadline has passed.
+func (l *Lock) checkLease() {
+	select {
+	case <-l.done:
+		return
+	default:
+	}
+	l.s.checkDeadline()
 }
 
 func (l *Lock) lose(err error) {

@@ -168,17 +168,33 @@ func (s *session) extendLocked(sent time.Time) {
 	s.deadline = d
 	wait := d.Sub(s.n.now())
 	if s.timer == nil {
-		s.timer = time.AfterFunc(wait, s.checkDeadline)
+		s.timer = time.AfterFunc(wait, s.onTimer)
 	} else {
 		s.timer.Reset(wait)
 	}
 }
 
+// onTimer fires at the deadline as the clock stood when it was set; if the
+// lease was extended meanwhile, or the clock says otherwise, it re-arms.
+func (s *session) onTimer() {
+	s.checkDeadline()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lostErr == nil {
+		s.timer.Reset(max(s.deadline.Sub(s.n.now()), time.Millisecond))
+	}
+}
+
+// checkDeadline loses the session if its deadline has passed; it runs from
+// the deadline timer and from every Lock.Done and Lock.Err call.
 func (s *session) checkDeadline() {
 	s.mu.Lock()
+	if s.lostErr != nil {
+		s.mu.Unlock()
+		return
+	}
 	left := s.deadline.Sub(s.n.now())
 	if left > 0 {
-		s.timer.Reset(left)
 		s.mu.Unlock()
 		return
 	}
