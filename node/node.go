@@ -131,7 +131,7 @@ func (n *Node) open(ctx context.Context) error {
 		Expert: config.ExpertConfig{
 			FS:                  cfg.FS,
 			NodeRegistryFactory: n.mesh.NodeRegistryFactory(),
-			LogDB:               config.GetTinyMemLogDBConfig(),
+			LogDB:               logDBConfig(),
 		},
 	}
 	if cfg.raftTransport != nil {
@@ -302,6 +302,17 @@ func (n *Node) startReplica(p *placement, shard, replicaID uint64) error {
 		return fmt.Errorf("start replica %d of shard %d: %w", replicaID, shard, err)
 	}
 	return nil
+}
+
+// logDBConfig is dragonboat's small-memory LogDB with one storage shard
+// instead of 16: every Raft group of the peer then shares one write-ahead
+// log, so their writes are synced together instead of one fsync per
+// storage shard. Measured with 16 lock shards, 3 peers and fsync on:
+// lock+unlock at 64 callers went from about 1.0k to 2.6k ops/s.
+func logDBConfig() config.LogDBConfig {
+	c := config.GetTinyMemLogDBConfig()
+	c.Shards = 1
+	return c
 }
 
 // hostsShard reports whether this peer runs a replica of shard.
