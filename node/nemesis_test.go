@@ -302,7 +302,6 @@ type nemesis struct {
 	knownIssue string
 }
 
-
 // faultFor is how long a fault lasts: longer than a TTL plus the new
 // leader's grace, so sessions can expire during it.
 const faultFor = 3 * time.Second

@@ -49,7 +49,7 @@ type Node struct {
 	promDue time.Time
 
 	batchMu  sync.Mutex
-	batchers map[uint64]*batcher
+	batchers map[batcherKey]*batcher
 
 	sessMu   sync.Mutex
 	sessions map[uint64]*sessionSlot
@@ -80,7 +80,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		log:      cfg.Logger.With("peer", cfg.Name),
 		stop:     make(chan struct{}),
 		ready:    make(chan struct{}),
-		batchers: map[uint64]*batcher{},
+		batchers: map[batcherKey]*batcher{},
 		sessions: map[uint64]*sessionSlot{},
 		waiters:  map[waiterKey]chan uint64{},
 		notifyQ:  make(chan notifyJob, 4096),

@@ -16,14 +16,31 @@ import (
 // maxInflightBatches bounds the proposals in flight per shard from this
 // peer. While they are out, new commands queue up and go out together in
 // the next entry: batching grows with load by itself.
-const maxInflightBatches = 4
+const maxInflightBatches = 16
+
+// maxInflightLocal bounds the entries in flight per shard from the
+// leader's local batcher, which carries every peer's commands: fewer
+// entries in flight make bigger batches (less CPU per command), more make
+// better use of a slow disk. In-process with in-memory disks 4 cost the
+// least CPU per lock+unlock (145 us against 194 us with 1 and 157 us with
+// 16); 8 leaves room for fsync latency.
+const maxInflightLocal = 8
 
 // batcher turns the commands this peer sends to one shard into as few Raft
 // entries as the load allows.
 type batcher struct {
 	n     *Node
 	shard uint64
+	// local batchers propose on this peer's replica (dragonboat forwards to
+	// the leader if it moved); the others route to the leader's peer.
+	local bool
 	in    chan *pending
+}
+
+// batcherKey names a batcher: one routing and one local per shard.
+type batcherKey struct {
+	shard uint64
+	local bool
 }
 
 type pending struct {
@@ -36,20 +53,25 @@ type outcome struct {
 	err error
 }
 
-func (n *Node) batcherFor(shard uint64) *batcher {
+func (n *Node) batcherFor(shard uint64, local bool) *batcher {
 	n.batchMu.Lock()
 	defer n.batchMu.Unlock()
-	b, ok := n.batchers[shard]
+	k := batcherKey{shard, local}
+	b, ok := n.batchers[k]
 	if !ok {
-		b = &batcher{n: n, shard: shard, in: make(chan *pending, lockfsm.MaxBatch)}
-		n.batchers[shard] = b
+		b = &batcher{n: n, shard: shard, local: local, in: make(chan *pending, lockfsm.MaxBatch)}
+		n.batchers[k] = b
 		n.goFunc(b.run)
 	}
 	return b
 }
 
 func (b *batcher) run() {
-	slots := make(chan struct{}, maxInflightBatches)
+	n := maxInflightBatches
+	if b.local {
+		n = maxInflightLocal
+	}
+	slots := make(chan struct{}, n)
 	for {
 		var first *pending
 		select {
@@ -99,7 +121,12 @@ func (b *batcher) commit(batch []*pending) {
 	}
 	ctx, cancel := context.WithTimeout(b.n.ctx, b.n.proposalTimeout())
 	defer cancel()
-	results, err := b.n.propose(ctx, b.shard, data)
+	var results []lockfsm.Result
+	if b.local {
+		results, err = b.n.proposeLocal(ctx, b.shard, data)
+	} else {
+		results, err = b.n.propose(ctx, b.shard, data)
+	}
 	if err == nil && len(results) != len(batch) {
 		err = fmt.Errorf("shard %d answered %d results for %d commands", b.shard, len(results), len(batch))
 	}
@@ -119,9 +146,11 @@ func (n *Node) proposalTimeout() time.Duration { return 40 * n.cfg.RTT }
 // sent again, unchanged: the state machine answers repeats of the same
 // (session, request id) from its dedup state, so a retry never grants twice.
 func (n *Node) apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
-	b := n.batcherFor(shard)
 	var lastErr error
 	for attempt := 0; ; attempt++ {
+		// On the leader's peer, commands join those forwarded by other
+		// peers in the local batcher: one entry for all of them.
+		b := n.batcherFor(shard, n.hostsShard(shard) && n.leaderGuess(shard) == n.cfg.Name)
 		p := &pending{cmd: cmd, done: make(chan outcome, 1)}
 		select {
 		case b.in <- p:
@@ -259,19 +288,44 @@ func (n *Node) serveProposal(ctx context.Context, req proposeReq) ([]byte, error
 	if len(req.Cmds) > lockfsm.MaxEntrySize {
 		return nil, fmt.Errorf("proposal of %d bytes exceeds %d", len(req.Cmds), lockfsm.MaxEntrySize)
 	}
-	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
-	defer cancel()
-	r, err := n.nh.SyncPropose(ctx, n.nh.GetNoOPSession(req.Shard), req.Cmds)
+	cmds, err := lockfsm.DecodeCommands(req.Cmds)
 	if err != nil {
-		if retryable(err) {
-			return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
-		}
 		return nil, err
 	}
-	if r.Value == resultCorrupt {
-		return nil, fmt.Errorf("shard %d rejected a corrupt entry: %s", req.Shard, r.Data)
+	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+	defer cancel()
+	// Forwarded commands join this peer's own in the local batcher, so the
+	// leader writes one entry for the commands of every peer.
+	b := n.batcherFor(req.Shard, true)
+	waits := make([]*pending, len(cmds))
+	for i, c := range cmds {
+		waits[i] = &pending{cmd: c, done: make(chan outcome, 1)}
+		select {
+		case b.in <- waits[i]:
+		case <-ctx.Done():
+			return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, ctx.Err())
+		}
 	}
-	return encodeBody(proposeResp{Results: r.Data, Leader: n.leaderGuess(req.Shard)})
+	results := make([]lockfsm.Result, len(cmds))
+	for i, w := range waits {
+		select {
+		case o := <-w.done:
+			if o.err != nil {
+				if retryable(o.err) {
+					return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, o.err)
+				}
+				return nil, o.err
+			}
+			results[i] = o.res
+		case <-ctx.Done():
+			return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, ctx.Err())
+		}
+	}
+	data, err := lockfsm.EncodeResults(results)
+	if err != nil {
+		return nil, err
+	}
+	return encodeBody(proposeResp{Results: data, Leader: n.leaderGuess(req.Shard)})
 }
 
 // read answers a query linearizably: through the local replica (ReadIndex)
