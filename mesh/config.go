@@ -6,6 +6,8 @@ import (
 	"net"
 	"strconv"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 const (
@@ -49,6 +51,14 @@ type Config struct {
 	// BroadcastTimeout bounds how long SetMeta waits for the update to be
 	// gossiped. Zero means [DefaultBroadcastTimeout].
 	BroadcastTimeout time.Duration
+	// Transport, when set, carries all gossip instead of the UDP/TCP
+	// transport memberlist would bind to BindAddr. It is a test hook for
+	// fault injection (internal/faultnet wraps a memberlist.NetTransport to
+	// cut gossip links); production code leaves it nil. It should listen
+	// on BindAddr; the address other peers are told to use comes from its
+	// FinalAdvertiseAddr unless AdvertiseAddr is set. The Mesh takes it
+	// over: Close shuts it down, and so does Create when it fails.
+	Transport memberlist.NodeAwareTransport
 }
 
 // DefaultConfig returns a Config with every default filled in except Name.

@@ -124,6 +124,8 @@ func Create(cfg Config) (*Mesh, error) {
 		mc.GossipVerifyIncoming = true
 		mc.GossipVerifyOutgoing = true
 	}
+	// Nil keeps memberlist's own NetTransport on BindAddr.
+	mc.Transport = cfg.Transport
 	mc.Delegate = delegate{m}
 	mc.Events = eventDelegate{m}
 	mc.LogOutput = nil
@@ -133,6 +135,11 @@ func Create(cfg Config) (*Mesh, error) {
 	if err != nil {
 		if m.events != nil {
 			m.events.close()
+		}
+		if cfg.Transport != nil {
+			// memberlist shuts a transport down only on some of its failure
+			// paths; shutting it down again is harmless.
+			_ = cfg.Transport.Shutdown()
 		}
 		return nil, fmt.Errorf("mesh: start gossip on %s: %w", cfg.BindAddr, err)
 	}

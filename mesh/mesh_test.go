@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -348,5 +352,93 @@ func TestCloseDuringJoin(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Join did not return after Close and cancel")
+	}
+}
+
+// spyTransport counts what memberlist sends through a transport and
+// whether it was shut down; failAdvertise makes Create fail.
+type spyTransport struct {
+	memberlist.NodeAwareTransport
+	mu            sync.Mutex
+	writes        int
+	shutdowns     int
+	failAdvertise bool
+}
+
+func (s *spyTransport) FinalAdvertiseAddr(ip string, port int) (net.IP, int, error) {
+	if s.failAdvertise {
+		return nil, 0, errors.New("spy: no address")
+	}
+	return s.NodeAwareTransport.FinalAdvertiseAddr(ip, port)
+}
+
+func (s *spyTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+	s.mu.Lock()
+	s.writes++
+	s.mu.Unlock()
+	return s.NodeAwareTransport.WriteToAddress(b, a)
+}
+
+func (s *spyTransport) Shutdown() error {
+	s.mu.Lock()
+	s.shutdowns++
+	s.mu.Unlock()
+	return s.NodeAwareTransport.Shutdown()
+}
+
+func (s *spyTransport) counts() (writes, shutdowns int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.writes, s.shutdowns
+}
+
+func newSpyTransport(t *testing.T) *spyTransport {
+	t.Helper()
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
+		BindAddrs: []string{"127.0.0.1"},
+		Logger:    log.New(io.Discard, "", 0),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &spyTransport{NodeAwareTransport: nt}
+}
+
+// Config.Transport carries all gossip, and the Mesh owns it.
+func TestCustomTransport(t *testing.T) {
+	spy := newSpyTransport(t)
+	port := spy.NodeAwareTransport.(*memberlist.NetTransport).GetAutoBindPort()
+	m, err := Create(Config{Name: "custom", BindAddr: "127.0.0.1:0", Meta: testMeta("custom"), Local: true, Transport: spy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if want := net.JoinHostPort("127.0.0.1", strconv.Itoa(port)); m.Addr() != want {
+		t.Fatalf("Addr() = %s, want the transport's %s", m.Addr(), want)
+	}
+	other := startMesh(t, "plain", nil, nil)
+	joinCtx(t, other, m.Addr())
+	want := []string{"custom", "plain"}
+	waitFor(t, 5*time.Second, "both peers see each other", func() bool {
+		return slices.Equal(names(m.Members()), want) && slices.Equal(names(other.Members()), want)
+	})
+	waitFor(t, 5*time.Second, "a probe or gossip packet written through Config.Transport", func() bool {
+		w, _ := spy.counts()
+		return w > 0
+	})
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, s := spy.counts(); s == 0 {
+		t.Fatal("Close did not shut the transport down")
+	}
+
+	bad := newSpyTransport(t)
+	bad.failAdvertise = true
+	if _, err := Create(Config{Name: "bad", BindAddr: "127.0.0.1:0", Transport: bad}); err == nil {
+		t.Fatal("Create succeeded with a transport that has no address")
+	}
+	if _, s := bad.counts(); s == 0 {
+		t.Fatal("a failed Create left its transport running")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/vfs"
 )
@@ -90,6 +91,9 @@ type Config struct {
 	// transport, both able to inject faults.
 	raftTransport config.TransportFactory
 	rpcDial       func(ctx context.Context, addr string) (net.Conn, error)
+	// gossipTransport builds the memberlist transport gossip runs on,
+	// listening on bindAddr (GossipAddr), so tests can cut gossip alone.
+	gossipTransport func(bindAddr string) (memberlist.NodeAwareTransport, error)
 	// unsafeExpireAfter, when set, makes a leader expire sessions after
 	// this long instead of their TTL and skip the new-leader grace: a
 	// deliberately broken variant that the safety checkers must catch.

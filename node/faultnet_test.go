@@ -3,11 +3,16 @@ package node
 import (
 	"context"
 	"fmt"
+	"io"
+	"log"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/lni/vfs"
 
 	"github.com/lockmesh/lockmesh/internal/faultnet"
@@ -142,14 +147,16 @@ type faultPeer struct {
 
 func (p *faultPeer) node() *Node { return p.cur.Load() }
 
-// faultCluster is an in-process cluster whose Raft and RPC traffic runs
-// through one faultnet.Network. Gossip is real loopback UDP/TCP and is not
-// under the network's rules (node has no gossip transport hook).
+// faultCluster is an in-process cluster whose Raft, RPC and gossip traffic
+// runs through one faultnet.Network, so a partition cuts all three. Gossip
+// (real loopback UDP/TCP) also runs through a second network, gossipNet,
+// whose rules cut gossip alone.
 type faultCluster struct {
-	t     testing.TB
-	net   *faultnet.Network
-	peers []*faultPeer
-	opts  faultOpts
+	t         testing.TB
+	net       *faultnet.Network
+	gossipNet *faultnet.Network
+	peers     []*faultPeer
+	opts      faultOpts
 }
 
 type faultOpts struct {
@@ -173,10 +180,11 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 	if o.ttl == 0 {
 		o.ttl = time.Second
 	}
-	fc := &faultCluster{t: t, net: faultnet.New(), opts: o}
+	fc := &faultCluster{t: t, net: faultnet.New(), gossipNet: faultnet.New(), opts: o}
 	seq := faultClusterSeq.Add(1)
 	raftPeer := map[string]string{}
 	rpcPeer := map[string]string{}
+	gossipPeer := map[string]string{}
 	var gossip []string
 	for i := 0; i < o.peers; i++ {
 		name := fmt.Sprintf("peer-%d", i+1)
@@ -196,6 +204,7 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 		}
 		raftPeer[cfg.RaftAddr] = name
 		rpcPeer[cfg.RPCAddr] = name
+		gossipPeer[cfg.GossipAddr] = name
 		gossip = append(gossip, cfg.GossipAddr)
 		fc.peers = append(fc.peers, &faultPeer{name: name, cfg: cfg, clock: &faultClock{}})
 	}
@@ -205,6 +214,14 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 		p.cfg.Join = append(append([]string(nil), gossip[:i]...), gossip[i+1:]...)
 		p.cfg.raftTransport = fc.net.RaftTransportFactory(p.name, func(addr string) string { return raftPeer[addr] })
 		p.cfg.rpcDial = fc.net.Dialer(p.name, func(addr string) string { return rpcPeer[addr] })
+		p.cfg.gossipTransport = func(bindAddr string) (memberlist.NodeAwareTransport, error) {
+			inner, err := newGossipTransport(bindAddr)
+			if err != nil {
+				return nil, err
+			}
+			peerOf := func(addr string) string { return gossipPeer[addr] }
+			return fc.gossipNet.GossipTransport(p.name, fc.net.GossipTransport(p.name, inner, peerOf), peerOf), nil
+		}
 		p.cfg.Clock = p.clock
 		if o.mutate != nil {
 			o.mutate(&p.cfg)
@@ -212,6 +229,7 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 	}
 	t.Cleanup(func() {
 		fc.net.Heal()
+		fc.gossipNet.Heal()
 		for _, p := range fc.peers {
 			p.clock.Reset()
 			p.gate.open()
@@ -227,6 +245,24 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 		fc.waitReady(p)
 	}
 	return fc
+}
+
+// newGossipTransport is memberlist's own UDP/TCP transport on bindAddr,
+// built as memberlist builds it when Config.Transport is nil.
+func newGossipTransport(bindAddr string) (*memberlist.NetTransport, error) {
+	host, portStr, err := net.SplitHostPort(bindAddr)
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("gossip port %q: %w", portStr, err)
+	}
+	return memberlist.NewNetTransport(&memberlist.NetTransportConfig{
+		BindAddrs: []string{host},
+		BindPort:  port,
+		Logger:    log.New(io.Discard, "", 0),
+	})
 }
 
 func (fc *faultCluster) start(p *faultPeer) {

@@ -306,6 +306,11 @@ type nemesis struct {
 // leader's grace, so sessions can expire during it.
 const faultFor = 3 * time.Second
 
+// gossipFaultFor is how long gossip is cut: past memberlist's suspicion
+// timeout on loopback (3 probe intervals of 1s for 3 peers) plus a probe
+// or two, so the cut-off peer is declared dead, not only suspected.
+const gossipFaultFor = 6 * time.Second
+
 func sleepCtx(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
@@ -356,6 +361,44 @@ var nemeses = []nemesis{
 		}
 		sleepCtx(ctx, faultFor)
 		fc.net.Heal()
+	}},
+	{name: "gossip-partition", inject: func(ctx context.Context, lr *loadRun) {
+		// Gossip alone is cut between the peer leading the most shards and
+		// the others, long enough for memberlist to declare it dead on both
+		// sides; Raft and RPC stay connected. Raft and RPC addresses are
+		// resolved through gossip, so the peer may still drop out; what
+		// matters is that no lock is granted twice and that gossip heals.
+		fc := lr.fc
+		victim := fc.mostLeading()
+		fc.gossipNet.Partition([]string{victim.name}, fc.others(victim))
+		observer := fc.peers[0]
+		if observer == victim {
+			observer = fc.peers[1]
+		}
+		declaredDead := false
+		for end := time.Now().Add(gossipFaultFor); time.Now().Before(end) && ctx.Err() == nil; {
+			if _, ok := observer.node().mesh.Member(victim.name); !ok && !declaredDead {
+				declaredDead = true
+				fc.t.Logf("gossip-partition: %s dropped %s from its gossip view %.1fs into the cut",
+					observer.name, victim.name, (gossipFaultFor - time.Until(end)).Seconds())
+			}
+			sleepCtx(ctx, 50*time.Millisecond)
+		}
+		fc.gossipNet.Heal()
+		if !declaredDead {
+			lr.violate("gossip-partition: %s still saw %s alive after %v without gossip; the nemesis did not exercise failure detection", observer.name, victim.name, gossipFaultFor)
+		}
+		// Every peer must see every other alive again.
+		deadline := time.Now().Add(livenessBound(fc.opts.ttl))
+		for _, p := range fc.peers {
+			for len(p.node().mesh.Members()) < len(fc.peers) {
+				if time.Now().After(deadline) || ctx.Err() != nil {
+					lr.violate("gossip-partition: %s sees %d of %d members %v after healing", p.name, len(p.node().mesh.Members()), len(fc.peers), livenessBound(fc.opts.ttl))
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
 	}},
 	{name: "pause", inject: func(ctx context.Context, lr *loadRun) {
 		// SIGSTOP longer than the TTL: the peer's network and workers stop

@@ -112,14 +112,20 @@ func (n *Node) open(ctx context.Context) error {
 	if n.peers, err = transport.NewClient(tcfg); err != nil {
 		return err
 	}
-	n.mesh, err = mesh.Create(mesh.Config{
+	mcfg := mesh.Config{
 		Name:      cfg.Name,
 		BindAddr:  cfg.GossipAddr,
 		SecretKey: cfg.GossipKey,
 		Meta:      mesh.Meta{RaftAddr: cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion},
 		Local:     isLoopback(cfg.GossipAddr),
 		Logger:    n.log.With("component", "gossip"),
-	})
+	}
+	if cfg.gossipTransport != nil {
+		if mcfg.Transport, err = cfg.gossipTransport(cfg.GossipAddr); err != nil {
+			return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
+		}
+	}
+	n.mesh, err = mesh.Create(mcfg)
 	if err != nil {
 		return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
 	}

@@ -26,13 +26,7 @@ func (n *Network) Dialer(self string, peerOf func(addr string) string) func(ctx 
 			return nil, err
 		}
 		c := &conn{Conn: raw, net: n, self: self, peer: peer}
-		n.mu.Lock()
-		up := n.allowedLocked(self, peer) && n.allowedLocked(peer, self)
-		if up {
-			n.conns[c] = struct{}{}
-		}
-		n.mu.Unlock()
-		if !up {
+		if !n.track(c) {
 			_ = raw.Close()
 			return nil, fmt.Errorf("dial %s (%s -> %s): %w", addr, self, peer, ErrCut)
 		}
@@ -45,7 +39,10 @@ type conn struct {
 	net.Conn
 	net        *Network
 	self, peer string
-	closeOnce  sync.Once
+	// origin is the local address of a gossip stream self dialed, by
+	// which the accepting side names self; empty for other connections.
+	origin    string
+	closeOnce sync.Once
 }
 
 // check fails once the link is cut either way, closing the socket.
@@ -89,6 +86,9 @@ func (c *conn) Close() error {
 	c.closeOnce.Do(func() {
 		c.net.mu.Lock()
 		delete(c.net.conns, c)
+		if c.origin != "" {
+			delete(c.net.origins, c.origin)
+		}
 		c.net.mu.Unlock()
 		err = c.Conn.Close()
 	})

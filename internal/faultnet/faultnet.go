@@ -1,13 +1,15 @@
 // Package faultnet is an in-process network with fault rules between named
 // peers, for tests: partitions (two-way and one-way), isolation, delays and
 // random drops. Adapters put it under dragonboat's Raft transport (on top of
-// the in-memory channel transport) and under lockmesh's own RPC transport
-// (on top of loopback TCP).
+// the in-memory channel transport), under lockmesh's own RPC transport (on
+// top of loopback TCP) and under memberlist's gossip transport (loopback UDP
+// and TCP).
 //
 // Rules are directional: a link from A to B is cut when a rule cuts A->B or
-// either end is isolated. Raft messages are checked by the sender for its
-// outgoing link; a TCP connection is broken as soon as either direction of
-// its link is cut, because a stream cannot carry requests one way only.
+// either end is isolated. Raft messages and gossip packets are checked by
+// the sender for its outgoing link; a TCP connection is broken as soon as
+// either direction of its link is cut, because a stream cannot carry
+// requests one way only.
 package faultnet
 
 import (
@@ -35,11 +37,17 @@ type Network struct {
 	drop     map[link]float64
 	conns    map[*conn]struct{} // live TCP connections, broken when their link is cut
 	chunks   map[link]int       // snapshot chunks delivered per link, never reset
+	// origins names the peer that dialed each live gossip stream, by the
+	// stream's local address, so the accepting side can tell who it is;
+	// originAdded is closed (and replaced) whenever one is added.
+	origins     map[string]string
+	originAdded chan struct{}
 }
 
 // New returns a healthy network: every link allowed, no delay, no drops.
 func New() *Network {
-	n := &Network{conns: map[*conn]struct{}{}, chunks: map[link]int{}}
+	n := &Network{conns: map[*conn]struct{}{}, chunks: map[link]int{},
+		origins: map[string]string{}, originAdded: make(chan struct{})}
 	n.reset()
 	return n
 }
@@ -125,6 +133,53 @@ func (n *Network) allowedLocked(from, to string) bool {
 		return true
 	}
 	return !n.cut[link{from, to}] && !n.isolated[from] && !n.isolated[to]
+}
+
+// track registers a new TCP connection so that a cut breaks it, and
+// reports false (registering nothing) when its link is already cut either
+// way.
+func (n *Network) track(c *conn) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.allowedLocked(c.self, c.peer) || !n.allowedLocked(c.peer, c.self) {
+		return false
+	}
+	n.conns[c] = struct{}{}
+	if c.origin != "" {
+		n.addOriginLocked(c.origin, c.self)
+	}
+	return true
+}
+
+// addOriginLocked records that peer dialed the stream whose local address
+// is addr and wakes originOf. Callers hold n.mu.
+func (n *Network) addOriginLocked(addr, peer string) {
+	n.origins[addr] = peer
+	close(n.originAdded)
+	n.originAdded = make(chan struct{})
+}
+
+// originOf names the peer that dialed the stream whose far end is addr,
+// waiting up to wait (or until done closes) for the dialer to register it.
+func (n *Network) originOf(addr string, wait time.Duration, done <-chan struct{}) (string, bool) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		n.mu.Lock()
+		peer, ok := n.origins[addr]
+		added := n.originAdded
+		n.mu.Unlock()
+		if ok {
+			return peer, true
+		}
+		select {
+		case <-added:
+		case <-timer.C:
+			return "", false
+		case <-done:
+			return "", false
+		}
+	}
 }
 
 // SnapshotChunks counts the Raft snapshot chunks delivered from one peer to
