@@ -25,14 +25,17 @@ func (s *State) Verify() error {
 		if k.limit == 0 {
 			return fmt.Errorf("key %q: limit 0", key)
 		}
-		if len(k.holders) == 0 && len(k.waiters) == 0 {
+		if len(k.holders) == 0 && len(k.waiters()) == 0 {
 			return fmt.Errorf("key %q: kept with no holders and no waiters", key)
+		}
+		if k.queue != nil && len(*k.queue) == 0 {
+			return fmt.Errorf("key %q: empty waiter queue kept", key)
 		}
 		if uint64(len(k.holders)) > uint64(k.limit) {
 			return fmt.Errorf("key %q: %d holders, more than its limit %d", key, len(k.holders), k.limit)
 		}
-		if len(k.waiters) > 0 && uint64(len(k.holders)) < uint64(k.limit) {
-			return fmt.Errorf("key %q: %d waiters while only %d of %d slots are held", key, len(k.waiters), len(k.holders), k.limit)
+		if len(k.waiters()) > 0 && uint64(len(k.holders)) < uint64(k.limit) {
+			return fmt.Errorf("key %q: %d waiters while only %d of %d slots are held", key, len(k.waiters()), len(k.holders), k.limit)
 		}
 		var prev uint64
 		for _, h := range k.holders {
@@ -41,7 +44,7 @@ func (s *State) Verify() error {
 			}
 			prev = h.token
 		}
-		for i, list := range [][]slot{k.holders, k.waiters} {
+		for i, list := range [][]slot{k.holders, k.waiters()} {
 			want := ReqHeld
 			if i == 1 {
 				want = ReqWaiting

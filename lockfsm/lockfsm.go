@@ -247,11 +247,53 @@ type slot struct {
 	session, req, token uint64
 }
 
+// lockKey is a key that is held or waited for. Most keys are mutexes with
+// one holder and nobody waiting, so they are laid out to fit one 64-byte
+// allocation: holders starts out backed by first, in the lockKey itself (a
+// second holder, with Limit > 1, moves it to a slice of its own, as append
+// does), and the waiters live behind a pointer that is nil until the key is
+// contended.
 type lockKey struct {
 	limit   uint32
-	holders []slot // grant order, so tokens ascend
-	waiters []slot // FIFO
+	holders []slot  // grant order, so tokens ascend
+	first   [1]slot // backing array of holders until a second holder
+	queue   *[]slot // waiters in FIFO order; nil while nobody waits
 }
+
+func newLockKey(limit uint32) *lockKey {
+	k := &lockKey{limit: limit}
+	k.holders = k.first[:0]
+	return k
+}
+
+// waiters returns the key's FIFO queue; its head is granted next.
+func (k *lockKey) waiters() []slot {
+	if k.queue == nil {
+		return nil
+	}
+	return *k.queue
+}
+
+// setWaiters replaces the key's FIFO queue; an empty queue is dropped.
+func (k *lockKey) setWaiters(w []slot) {
+	switch {
+	case len(w) == 0:
+		k.queue = nil
+	case k.queue == nil:
+		k.queue = new([]slot) // here, so that w itself does not escape
+		*k.queue = w
+	default:
+		*k.queue = w
+	}
+}
+
+// unqueue removes the waiter (session, req) from the queue.
+func (k *lockKey) unqueue(session, req uint64) {
+	k.setWaiters(slices.DeleteFunc(k.waiters(), func(w slot) bool { return w.session == session && w.req == req }))
+}
+
+// idle reports whether nobody holds or waits for the key, which is then deleted.
+func (k *lockKey) idle() bool { return len(k.holders) == 0 && len(k.waiters()) == 0 }
 
 // State is the lock state of one shard. Its zero value is not usable; call
 // New. State is not safe for concurrent use: the node serialises Apply and
@@ -429,10 +471,10 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 	at := &attempt{key: c.Key, last: c.Req}
 	sess.reqs[c.Req] = at
 	if k == nil {
-		k = &lockKey{limit: limit}
+		k = newLockKey(limit)
 		a.s.keys[c.Key] = k
 	}
-	if len(k.waiters) == 0 && uint64(len(k.holders)) < uint64(k.limit) {
+	if len(k.waiters()) == 0 && uint64(len(k.holders)) < uint64(k.limit) {
 		a.grant(c.Key, k, sess, c.Req, at)
 		return Result{Status: StatusGranted, Token: at.token}
 	}
@@ -442,7 +484,7 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 	}
 	at.state = ReqWaiting
 	sess.waiting++
-	k.waiters = append(k.waiters, slot{session: sess.id, req: c.Req})
+	k.setWaiters(append(k.waiters(), slot{session: sess.id, req: c.Req}))
 	return Result{Status: StatusQueued}
 }
 
@@ -459,16 +501,18 @@ func (a *applier) grant(key string, k *lockKey, sess *session, req uint64, at *a
 // handOff grants waiters in FIFO order while k has spare capacity, and
 // deletes k once nobody holds or waits for it.
 func (a *applier) handOff(key string, k *lockKey) {
-	for len(k.waiters) > 0 && uint64(len(k.holders)) < uint64(k.limit) {
-		w := k.waiters[0]
-		k.waiters[0] = slot{}
-		k.waiters = k.waiters[1:]
+	queue := k.waiters()
+	for len(queue) > 0 && uint64(len(k.holders)) < uint64(k.limit) {
+		w := queue[0]
+		queue[0] = slot{}
+		queue = queue[1:]
 		sess := a.s.sessions[w.session]
 		at := sess.reqs[w.req]
 		sess.waiting--
 		a.grant(key, k, sess, w.req, at)
 	}
-	if len(k.waiters) == 0 && len(k.holders) == 0 {
+	k.setWaiters(queue)
+	if k.idle() {
 		delete(a.s.keys, key)
 	}
 }
@@ -485,7 +529,7 @@ func (a *applier) unhold(sess *session, req uint64, at *attempt) {
 // unqueue removes the waiting attempt (sess, req) from its key's queue.
 func (a *applier) unqueue(sess *session, req uint64, at *attempt) {
 	k := a.s.keys[at.key]
-	k.waiters = slices.DeleteFunc(k.waiters, func(w slot) bool { return w.session == sess.id && w.req == req })
+	k.unqueue(sess.id, req)
 	sess.waiting--
 	sess.finish(req, at, ReqCancelled)
 	// A waiter leaving never frees capacity, but the queue may now be empty.
@@ -559,10 +603,10 @@ func (a *applier) endSession(sess *session) {
 	for _, req := range reqs {
 		if at := sess.reqs[req]; at.state == ReqWaiting {
 			k := a.s.keys[at.key]
-			k.waiters = slices.DeleteFunc(k.waiters, func(w slot) bool { return w.session == sess.id && w.req == req })
+			k.unqueue(sess.id, req)
 			sess.waiting--
 			at.state = ReqCancelled
-			if len(k.waiters) == 0 && len(k.holders) == 0 {
+			if k.idle() {
 				delete(a.s.keys, at.key)
 			}
 		}

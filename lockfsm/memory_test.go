@@ -113,3 +113,21 @@ func BenchmarkHeldLockMemory(b *testing.B) {
 		})
 	}
 }
+
+// TestHeldLockMemory keeps a held mutex on a short key within 250 bytes of
+// live heap, counting both maps, the attempt, the key and its holder.
+func TestHeldLockMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds 100000 locks")
+	}
+	const n = 100000
+	before := heapAlloc()
+	s := holdLocks(t, 1, n)
+	after := heapAlloc()
+	runtime.KeepAlive(s)
+	perLock := float64(int64(after)-int64(before)) / n
+	t.Logf("%.1f B/lock", perLock)
+	if perLock > 250 {
+		t.Errorf("a held lock costs %.1f bytes of heap, want at most 250", perLock)
+	}
+}

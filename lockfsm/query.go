@@ -56,7 +56,7 @@ func (s *State) Key(key string) (info KeyInfo, ok bool) {
 	if k == nil {
 		return KeyInfo{}, false
 	}
-	info = KeyInfo{Key: key, Limit: k.limit, Holders: s.holders(k.holders), Waiters: s.holders(k.waiters)}
+	info = KeyInfo{Key: key, Limit: k.limit, Holders: s.holders(k.holders), Waiters: s.holders(k.waiters())}
 	return info, true
 }
 
@@ -125,7 +125,7 @@ func (s *State) Stats() Stats {
 	st := Stats{Index: s.index, Sessions: len(s.sessions), Keys: len(s.keys), NextToken: s.lastToken + 1}
 	for _, k := range s.keys {
 		st.Holders += len(k.holders)
-		st.Waiters += len(k.waiters)
+		st.Waiters += len(k.waiters())
 	}
 	for _, sess := range s.sessions {
 		st.Attempts += len(sess.reqs)

@@ -95,8 +95,8 @@ func (s *State) Save(w io.Writer) error {
 			e.uint(h.req)
 			e.uint(h.token)
 		}
-		e.arrayLen(len(k.waiters))
-		for _, h := range k.waiters {
+		e.arrayLen(len(k.waiters()))
+		for _, h := range k.waiters() {
 			e.arrayLen(waiterFields)
 			e.uint(h.session)
 			e.uint(h.req)
@@ -230,7 +230,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 	for i := 0; i < n; i++ {
 		_ = d.record("key", keyFields)
 		key := d.str("key", MaxKeyLen)
-		k := &lockKey{limit: uint32(d.uint("limit", math.MaxUint32))}
+		k := newLockKey(uint32(d.uint("limit", math.MaxUint32)))
 		if d.err != nil {
 			return nil, d.err
 		}
@@ -238,12 +238,14 @@ func decodeSnapshot(b []byte) (*State, error) {
 			return nil, d.errorf("key %q not in ascending order after %q", key, prevKey)
 		}
 		prevKey = key
-		if k.holders, err = decodeSlots(d, "holders", holderFields); err != nil {
+		if k.holders, err = decodeSlots(d, "holders", holderFields, k.holders); err != nil {
 			return nil, err
 		}
-		if k.waiters, err = decodeSlots(d, "waiters", waiterFields); err != nil {
+		waiters, err := decodeSlots(d, "waiters", waiterFields, nil)
+		if err != nil {
 			return nil, err
 		}
+		k.setWaiters(waiters)
 		s.keys[key] = k
 	}
 	if err := d.end(); err != nil {
@@ -252,15 +254,34 @@ func decodeSnapshot(b []byte) (*State, error) {
 	if err := s.Verify(); err != nil {
 		return nil, fmt.Errorf("lockfsm: decode snapshot: %w: inconsistent state: %v", ErrCorrupt, err)
 	}
+	s.shareKeys()
 	return s, nil
 }
 
-func decodeSlots(d *decoder, field string, fields int) ([]slot, error) {
+// shareKeys points the key of every live attempt at the string of its entry
+// in s.keys, as Apply does, so a held lock's key is stored once rather than
+// once per decoded copy. Verify has checked that the strings are equal.
+func (s *State) shareKeys() {
+	for key, k := range s.keys {
+		for _, list := range [2][]slot{k.holders, k.waiters()} {
+			for _, h := range list {
+				s.sessions[h.session].reqs[h.req].key = key
+			}
+		}
+	}
+}
+
+// decodeSlots decodes a holder or waiter list into dst (empty, but maybe
+// with room for the first slot), or into a new slice if it does not fit.
+func decodeSlots(d *decoder, field string, fields int, dst []slot) ([]slot, error) {
 	n, err := d.arrayLen(field, fields+1)
 	if err != nil || n == 0 {
-		return nil, err
+		return dst, err
 	}
-	out := make([]slot, n)
+	if n > cap(dst) {
+		dst = make([]slot, 0, n)
+	}
+	out := dst[:n]
 	for i := range out {
 		_ = d.record(field, fields)
 		out[i].session = d.uint("session", math.MaxUint64)
