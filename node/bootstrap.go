@@ -198,7 +198,7 @@ func (n *Node) commitPlan(p *placement) error {
 	if err := n.mesh.SetMeta(meta); err != nil {
 		n.log.Warn("gossip cluster id", "err", err)
 	}
-	if p.hosts(metaShardID, n.cfg.Name) {
+	if n.hostsShard(metaShardID) {
 		n.goFunc(func() { n.publishPlacement(p) })
 	}
 	return nil
@@ -239,13 +239,9 @@ func (n *Node) currentPlacement(ctx context.Context) ([]byte, error) {
 	if p == nil {
 		return nil, rpcError(codeNoCluster, "peer %s is not in a cluster yet", n.cfg.Name)
 	}
-	if p.hosts(metaShardID, n.cfg.Name) {
-		ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
-		defer cancel()
-		if v, err := n.nh.SyncRead(ctx, metaShardID, nil); err == nil {
-			if raw, ok := v.([]byte); ok && len(raw) > 0 {
-				return raw, nil
-			}
+	if n.hostsShard(metaShardID) {
+		if q, err := n.readLocalPlacement(ctx); err == nil {
+			return encodePlacement(q)
 		}
 	}
 	return encodePlacement(p)

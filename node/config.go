@@ -61,6 +61,10 @@ type Config struct {
 	// RTT is the expected round trip between peers; Raft heartbeats happen
 	// every RTT and elections after 10 RTT (default 100ms).
 	RTT time.Duration
+	// DeadAfter is how long a peer may be unreachable (by gossip) before
+	// the cluster replaces its replicas on other peers (default 30s). A
+	// peer that comes back later joins again as a new peer.
+	DeadAfter time.Duration
 	// GossipKey enables memberlist encryption (16, 24 or 32 bytes).
 	GossipKey []byte
 	// Logger receives the node's logs (default: discard). dragonboat's and
@@ -140,6 +144,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RTT == 0 {
 		c.RTT = DefaultRTT
+	}
+	if c.DeadAfter == 0 {
+		c.DeadAfter = 30 * time.Second
 	}
 	if c.LeaseMargin == 0 {
 		c.LeaseMargin = max(c.SessionTTL/10, 2*c.RTT)

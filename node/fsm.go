@@ -93,7 +93,7 @@ func (s *lockSM) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan 
 func (s *lockSM) Close() error { return nil }
 
 // metaSM is the meta shard's state machine: the latest placement, replaced
-// only by a placement with a higher epoch.
+// only by its successor (epoch + 1).
 type metaSM struct {
 	epoch     uint64
 	placement []byte
@@ -104,10 +104,14 @@ func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
 	if err != nil {
 		return sm.Result{Value: 0, Data: []byte(err.Error())}, nil
 	}
-	if p.Epoch > m.epoch {
-		m.epoch = p.Epoch
-		m.placement = append([]byte(nil), e.Cmd...)
+	// Compare-and-set: a layout replaces the current one only if it was
+	// derived from it, so concurrent writers (the controller, a draining
+	// peer) never lose each other's changes; the loser reads and retries.
+	if p.Epoch != m.epoch+1 {
+		return sm.Result{Value: 0}, nil // rejected: not derived from the current layout
 	}
+	m.epoch = p.Epoch
+	m.placement = append([]byte(nil), e.Cmd...)
 	return sm.Result{Value: m.epoch}, nil
 }
 

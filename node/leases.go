@@ -69,6 +69,13 @@ func newShardLeases(term uint64, now time.Time) *shardLeases {
 	return &shardLeases{leader: true, term: term, since: now, lastSeen: map[uint64]time.Time{}, expiring: map[uint64]bool{}}
 }
 
+// drop forgets a shard whose local replica stopped.
+func (t *leaseTable) drop(shard uint64) {
+	t.mu.Lock()
+	delete(t.shards, shard)
+	t.mu.Unlock()
+}
+
 func (t *leaseTable) isLeader(shard uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -103,10 +110,10 @@ func (n *Node) leaderGrace() time.Duration {
 func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveResp, error) {
 	received := n.now()
 	p := n.placement.Load()
-	if p == nil || !p.hosts(req.Shard, n.cfg.Name) {
+	if p == nil || !n.hostsShard(req.Shard) {
 		return keepAliveResp{}, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
 	}
-	self, _ := p.replicaID(req.Shard, n.cfg.Name)
+	self, _ := n.localReplica(req.Shard)
 	leaderID, term, valid, err := n.nh.GetLeaderID(req.Shard)
 	if err != nil || !valid {
 		return keepAliveResp{}, rpcError(codeBusy, "shard %d has no leader yet", req.Shard)
@@ -364,7 +371,7 @@ func (n *Node) leaderGuess(shard uint64) string {
 	if p == nil {
 		return ""
 	}
-	if p.hosts(shard, n.cfg.Name) {
+	if n.hostsShard(shard) {
 		if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
 			if pe, ok := p.peerByReplica(id); ok {
 				return pe.Name

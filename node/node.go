@@ -62,6 +62,11 @@ type Node struct {
 
 	leaderMu sync.Mutex
 	leaders  map[uint64]string // shard -> peer name of the last known leader
+
+	runMu   sync.Mutex
+	running map[uint64]uint64 // shard -> id of the replica this peer runs
+
+	ctrl controller // acts only while this peer leads the meta shard
 }
 
 // Start starts a peer: it listens on the configured addresses, joins the
@@ -85,6 +90,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		waiters:  map[waiterKey]chan uint64{},
 		notifyQ:  make(chan notifyJob, 4096),
 		leaders:  map[uint64]string{},
+		running:  map[uint64]uint64{},
 	}
 	n.leases.init()
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -96,6 +102,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.goFunc(n.keepAliveLoop)
 	n.goFunc(n.expiryLoop)
 	n.goFunc(n.notifyLoop)
+	n.goFunc(n.controlLoop)
+	n.goFunc(n.placementLoop)
 	return n, nil
 }
 
@@ -271,11 +279,11 @@ func (n *Node) adopt(p *placement) error {
 		return err
 	}
 	for _, shard := range p.shardIDs() {
-		id, ok := p.replicaID(shard, n.cfg.Name)
+		r, ok := p.replica(shard, n.cfg.Name)
 		if !ok {
 			continue
 		}
-		if err := n.startReplica(p, shard, id); err != nil {
+		if err := n.startReplica(p, shard, r); err != nil {
 			return err
 		}
 	}
@@ -285,10 +293,12 @@ func (n *Node) adopt(p *placement) error {
 	return nil
 }
 
-func (n *Node) startReplica(p *placement, shard, replicaID uint64) error {
+// startReplica starts this peer's replica r of shard: from its data if it
+// ran before, else as an initial member or by joining the running shard.
+func (n *Node) startReplica(p *placement, shard uint64, r replica) error {
 	rc := config.Config{
 		ShardID:            shard,
-		ReplicaID:          replicaID,
+		ReplicaID:          r.ID,
 		ElectionRTT:        10,
 		HeartbeatRTT:       1,
 		CheckQuorum:        true,
@@ -304,10 +314,47 @@ func (n *Node) startReplica(p *placement, shard, replicaID uint64) error {
 			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants}
 		}
 	}
-	if err := n.nh.StartReplica(p.initialMembers(shard), false, create, rc); err != nil {
-		return fmt.Errorf("start replica %d of shard %d: %w", replicaID, shard, err)
+	var err error
+	switch {
+	case n.nh.HasNodeInfo(shard, r.ID): // restart from local data
+		err = n.nh.StartReplica(nil, false, create, rc)
+	case r.Join:
+		err = n.nh.StartReplica(nil, true, create, rc)
+	default:
+		err = n.nh.StartReplica(p.initialMembers(shard), false, create, rc)
 	}
+	if errors.Is(err, dragonboat.ErrShardAlreadyExist) {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("start replica %d of shard %d: %w", r.ID, shard, err)
+	}
+	n.runMu.Lock()
+	n.running[shard] = r.ID
+	n.runMu.Unlock()
 	return nil
+}
+
+// stopReplica stops this peer's replica of shard and deletes its data:
+// the shard no longer lists it, and the id is never used again.
+func (n *Node) stopReplica(shard uint64) {
+	n.runMu.Lock()
+	id, ok := n.running[shard]
+	delete(n.running, shard)
+	n.runMu.Unlock()
+	if !ok {
+		return
+	}
+	n.leases.drop(shard)
+	if err := n.nh.StopReplica(shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
+		n.log.Warn("stop replica", "shard", shard, "replica", id, "err", err)
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
+	defer cancel()
+	if err := n.nh.SyncRemoveData(ctx, shard, id); err != nil {
+		n.log.Warn("remove replica data", "shard", shard, "replica", id, "err", err)
+	}
+	n.log.Info("replica removed", "shard", shard, "replica", id)
 }
 
 // logDBConfig is dragonboat's small-memory LogDB with one storage shard
@@ -323,8 +370,16 @@ func logDBConfig() config.LogDBConfig {
 
 // hostsShard reports whether this peer runs a replica of shard.
 func (n *Node) hostsShard(shard uint64) bool {
-	p := n.placement.Load()
-	return p != nil && p.hosts(shard, n.cfg.Name)
+	_, ok := n.localReplica(shard)
+	return ok
+}
+
+// localReplica returns the id of the replica of shard this peer runs.
+func (n *Node) localReplica(shard uint64) (uint64, bool) {
+	n.runMu.Lock()
+	defer n.runMu.Unlock()
+	id, ok := n.running[shard]
+	return id, ok
 }
 
 // leaderListener receives dragonboat's leader changes on its own goroutine;

@@ -24,6 +24,8 @@ const placementVersion = 1
 type peerEntry struct {
 	Name       string `msgpack:"n"`
 	NodeHostID string `msgpack:"h"`
+	// Draining peers are leaving: the controller moves their replicas away.
+	Draining bool `msgpack:"d,omitempty"`
 }
 
 // replica is one replica of a shard. Replica ids are unique across the
@@ -32,6 +34,9 @@ type peerEntry struct {
 type replica struct {
 	Peer string `msgpack:"p"`
 	ID   uint64 `msgpack:"i"`
+	// Join is true for replicas added to a running shard (they start empty
+	// and catch up from the leader); false for the shard's initial members.
+	Join bool `msgpack:"j,omitempty"`
 }
 
 // placement is the cluster's layout: which peers host which shards. It is
@@ -128,11 +133,39 @@ func (p *placement) hostNames(shard uint64) []string {
 func (p *placement) initialMembers(shard uint64) map[uint64]string {
 	m := map[uint64]string{}
 	for _, r := range p.Replicas[shard] {
-		if pe, ok := p.peer(r.Peer); ok {
+		if pe, ok := p.peer(r.Peer); ok && !r.Join {
 			m[r.ID] = pe.NodeHostID
 		}
 	}
 	return m
+}
+
+// replica returns name's replica of shard.
+func (p *placement) replica(shard uint64, name string) (replica, bool) {
+	for _, r := range p.Replicas[shard] {
+		if r.Peer == name {
+			return r, true
+		}
+	}
+	return replica{}, false
+}
+
+// clone returns a deep copy, the starting point of the next epoch.
+func (p *placement) clone() *placement {
+	q := *p
+	q.Peers = append([]peerEntry(nil), p.Peers...)
+	q.Replicas = make(map[uint64][]replica, len(p.Replicas))
+	for id, rs := range p.Replicas {
+		q.Replicas[id] = append([]replica(nil), rs...)
+	}
+	return &q
+}
+
+// next returns a copy with the epoch advanced, to be changed and proposed.
+func (p *placement) next() *placement {
+	q := p.clone()
+	q.Epoch++
+	return q
 }
 
 // shardOf maps a key to its lock shard with a stable hash of the key bytes.

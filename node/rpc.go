@@ -16,14 +16,19 @@ const maxBodySize = 4 << 20
 
 // RPC methods on lockmesh's transport.
 const (
-	methodPropose      uint8 = iota + 1 // proposeReq -> proposeResp
-	methodRead                          // readReq -> lockAnswer
-	methodKeepAlive                     // keepAliveReq -> keepAliveResp
-	methodNotify                        // notifyReq -> nothing
-	methodPrepare                       // bootstrap phase one: encoded placement
-	methodCommit                        // bootstrap phase two: encoded placement
-	methodAbort                         // bootstrap abort: cluster id
-	methodGetPlacement                  // -> encoded placement
+	methodPropose        uint8 = iota + 1 // proposeReq -> proposeResp
+	methodRead                            // readReq -> lockAnswer
+	methodKeepAlive                       // keepAliveReq -> keepAliveResp
+	methodNotify                          // notifyReq -> nothing
+	methodPrepare                         // bootstrap phase one: encoded placement
+	methodCommit                          // bootstrap phase two: encoded placement
+	methodAbort                           // bootstrap abort: cluster id
+	methodGetPlacement                    // -> encoded placement
+	methodStatus                          // -> statusResp
+	methodConfigChange                    // configChangeReq
+	methodTransferLeader                  // transferReq
+	methodCaughtUp                        // shardReq: answers once the local replica serves reads
+	methodSetPlacement                    // encoded placement, proposed to the meta shard
 )
 
 // Application error codes carried in transport.Error.
@@ -128,6 +133,8 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		return nil, nil
 	case methodPrepare, methodCommit, methodAbort, methodGetPlacement:
 		return n.serveBootstrap(ctx, method, body)
+	case methodStatus, methodConfigChange, methodTransferLeader, methodCaughtUp, methodSetPlacement:
+		return n.serveMembership(ctx, method, body)
 	}
 	return nil, fmt.Errorf("unknown method %d", method)
 }

@@ -1,0 +1,449 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/lockmesh/lockmesh/mesh"
+)
+
+// The controller keeps the layout in line with the live peers. It runs on
+// every peer but acts only on the one whose replica leads the meta shard,
+// so there is one controller per meta term. Each step it:
+//
+//  1. admits peers that gossip shows alive but the layout does not list;
+//  2. forgets peers that are draining or dead for longer than DeadAfter
+//     once they host nothing;
+//  3. moves replicas toward the desired layout, one move per shard at a
+//     time and a few shards at once: add the new replica (layout first,
+//     then the Raft membership change), wait until it has caught up, and
+//     only then remove a surplus one (moving its leadership away first),
+//     so no shard ever has fewer than RF replicas;
+//  4. when nothing moves, evens out leadership by leader transfer.
+//
+// Keys never move between shards, so fencing tokens stay monotonic.
+type controller struct {
+	mu        sync.Mutex
+	deadSince map[string]time.Time
+	moving    map[uint64]bool
+}
+
+// maxParallelMoves bounds the shards being moved at once.
+const maxParallelMoves = 4
+
+func (n *Node) controlInterval() time.Duration { return max(5*n.cfg.RTT, 100*time.Millisecond) }
+
+func (n *Node) controlLoop() {
+	n.ctrl.deadSince = map[string]time.Time{}
+	n.ctrl.moving = map[uint64]bool{}
+	t := time.NewTicker(n.controlInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-n.stop:
+			return
+		}
+		if !n.leadsShard(metaShardID) {
+			continue
+		}
+		if err := n.controlStep(); err != nil {
+			n.log.Debug("controller step", "err", err)
+		}
+	}
+}
+
+// leadsShard reports whether this peer's replica of shard is its leader.
+func (n *Node) leadsShard(shard uint64) bool {
+	id, ok := n.localReplica(shard)
+	if !ok {
+		return false
+	}
+	lid, _, valid, err := n.nh.GetLeaderID(shard)
+	return err == nil && valid && lid == id
+}
+
+func (n *Node) controlStep() error {
+	ctx, cancel := context.WithTimeout(n.ctx, n.proposalTimeout())
+	defer cancel()
+	p, err := n.readMetaPlacement(ctx)
+	if err != nil {
+		return err
+	}
+	now := n.now()
+	alive := map[string]mesh.Member{}
+	for _, m := range n.mesh.Members() {
+		if m.State == mesh.StateAlive && m.Meta.NodeHostID != "" {
+			alive[m.Name] = m
+		}
+	}
+
+	// 1. Admit new peers.
+	for name, m := range alive {
+		if _, ok := p.peer(name); ok || (m.Meta.Cluster != 0 && m.Meta.Cluster != p.ClusterID) {
+			continue
+		}
+		q := p.next()
+		q.Peers = append(q.Peers, peerEntry{Name: name, NodeHostID: m.Meta.NodeHostID})
+		slices.SortFunc(q.Peers, func(a, b peerEntry) int { return cmpString(a.Name, b.Name) })
+		n.log.Info("admitting peer", "peer", name, "epoch", q.Epoch)
+		return n.proposePlacement(ctx, q)
+	}
+
+	// 2. Track dead peers; forget the gone ones that host nothing.
+	n.ctrl.mu.Lock()
+	eligible := []string{}
+	var forget []string
+	for _, pe := range p.Peers {
+		if _, ok := alive[pe.Name]; ok {
+			delete(n.ctrl.deadSince, pe.Name)
+		} else if _, ok := n.ctrl.deadSince[pe.Name]; !ok {
+			n.ctrl.deadSince[pe.Name] = now
+		}
+		since, dead := n.ctrl.deadSince[pe.Name]
+		gone := pe.Draining || (dead && now.Sub(since) > n.cfg.DeadAfter)
+		if !gone {
+			eligible = append(eligible, pe.Name)
+		} else if p.replicaCount(pe.Name) == 0 {
+			forget = append(forget, pe.Name)
+		}
+	}
+	n.ctrl.mu.Unlock()
+	if len(forget) > 0 {
+		q := p.next()
+		q.Peers = slices.DeleteFunc(q.Peers, func(pe peerEntry) bool { return slices.Contains(forget, pe.Name) })
+		n.log.Info("forgetting peers", "peers", forget, "epoch", q.Epoch)
+		return n.proposePlacement(ctx, q)
+	}
+	if len(eligible) == 0 {
+		return nil
+	}
+
+	// 3. Move replicas toward the desired layout.
+	desired := desiredLayout(p, eligible)
+	pending := false
+	for _, shard := range p.shardIDs() {
+		add, remove := planMove(p, shard, desired[shard])
+		if add == "" && remove == nil {
+			continue
+		}
+		pending = true
+		n.ctrl.mu.Lock()
+		busy := n.ctrl.moving[shard] || len(n.ctrl.moving) >= maxParallelMoves
+		if !busy {
+			n.ctrl.moving[shard] = true
+		}
+		n.ctrl.mu.Unlock()
+		if busy {
+			continue
+		}
+		n.goFunc(func() {
+			defer func() {
+				n.ctrl.mu.Lock()
+				delete(n.ctrl.moving, shard)
+				n.ctrl.mu.Unlock()
+			}()
+			if err := n.moveReplica(shard, add, remove); err != nil {
+				n.log.Warn("replica move failed; will retry", "shard", shard, "add", add, "err", err)
+			}
+		})
+	}
+	if pending {
+		n.log.Debug("controller: moves pending", "epoch", p.Epoch)
+		return nil
+	}
+	// 4. Even out leadership.
+	return n.balanceLeaders(ctx, p, eligible)
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// replicaCount is the number of replicas name hosts.
+func (p *placement) replicaCount(name string) int {
+	c := 0
+	for _, rs := range p.Replicas {
+		for _, r := range rs {
+			if r.Peer == name {
+				c++
+			}
+		}
+	}
+	return c
+}
+
+// desiredLayout spreads RF replicas of every shard over the eligible peers
+// with as few moves as possible: it keeps the current replicas on eligible
+// peers, fills missing ones on the least loaded peers (rendezvous order
+// breaking ties), trims extras from the most loaded, then moves replicas
+// from the most to the least loaded peer until counts differ by at most
+// one. Deterministic for the same layout and peers.
+func desiredLayout(p *placement, eligible []string) map[uint64][]string {
+	shards := p.shardIDs()
+	rf := min(p.RF, len(eligible))
+	count := map[string]int{}
+	for _, name := range eligible {
+		count[name] = 0
+	}
+	out := map[uint64][]string{}
+	for _, shard := range shards {
+		for _, name := range p.hostNames(shard) {
+			if _, ok := count[name]; ok {
+				out[shard] = append(out[shard], name)
+				count[name]++
+			}
+		}
+	}
+	least := func(candidates []string) string {
+		best := ""
+		for _, name := range candidates {
+			if best == "" || count[name] < count[best] {
+				best = name
+			}
+		}
+		return best
+	}
+	for _, shard := range shards {
+		for len(out[shard]) < rf {
+			var free []string
+			for _, name := range mesh.Replicas(shard, eligible, len(eligible)) {
+				if !slices.Contains(out[shard], name) {
+					free = append(free, name)
+				}
+			}
+			name := least(free)
+			out[shard] = append(out[shard], name)
+			count[name]++
+		}
+		for len(out[shard]) > rf {
+			most := out[shard][0]
+			for _, name := range out[shard] {
+				if count[name] > count[most] {
+					most = name
+				}
+			}
+			out[shard] = slices.DeleteFunc(out[shard], func(n string) bool { return n == most })
+			count[most]--
+		}
+	}
+	sorted := append([]string(nil), eligible...)
+	slices.Sort(sorted)
+	for range len(shards) * rf {
+		hi, lo := sorted[0], sorted[0]
+		for _, name := range sorted {
+			if count[name] > count[hi] {
+				hi = name
+			}
+			if count[name] < count[lo] {
+				lo = name
+			}
+		}
+		if count[hi]-count[lo] <= 1 {
+			break
+		}
+		moved := false
+		for _, shard := range shards {
+			if slices.Contains(out[shard], hi) && !slices.Contains(out[shard], lo) {
+				i := slices.Index(out[shard], hi)
+				out[shard][i] = lo
+				count[hi]--
+				count[lo]++
+				moved = true
+				break
+			}
+		}
+		if !moved {
+			break
+		}
+	}
+	return out
+}
+
+// planMove picks the next step for shard: a peer to add a replica on, or
+// (only once the shard has more than it needs) a replica to remove.
+func planMove(p *placement, shard uint64, want []string) (add string, remove *replica) {
+	cur := p.Replicas[shard]
+	for _, name := range want {
+		if !p.hosts(shard, name) {
+			return name, nil
+		}
+	}
+	if len(cur) <= len(want) {
+		return "", nil
+	}
+	for i := range cur {
+		if !slices.Contains(want, cur[i].Peer) {
+			return "", &cur[i]
+		}
+	}
+	return "", nil
+}
+
+// moveReplica performs one step of a shard's move.
+func (n *Node) moveReplica(shard uint64, add string, remove *replica) error {
+	ctx, cancel := context.WithTimeout(n.ctx, 60*time.Second)
+	defer cancel()
+	if add != "" {
+		return n.addReplica(ctx, shard, add)
+	}
+	return n.removeReplica(ctx, shard, *remove)
+}
+
+func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error {
+	p, err := n.readMetaPlacement(ctx)
+	if err != nil {
+		return err
+	}
+	pe, ok := p.peer(peer)
+	if !ok {
+		return fmt.Errorf("peer %s left the layout", peer)
+	}
+	r, ok := p.replica(shard, peer)
+	if !ok {
+		// The layout first: a replica listed but not yet a Raft member is
+		// harmless (requests to it are refused and retried elsewhere); a
+		// member missing from the layout would never be started.
+		q := p.next()
+		r = replica{Peer: peer, ID: q.NextReplicaID, Join: true}
+		q.NextReplicaID++
+		q.Replicas[shard] = append(q.Replicas[shard], r)
+		slices.SortFunc(q.Replicas[shard], func(a, b replica) int { return cmpString(a.Peer, b.Peer) })
+		if err := n.proposePlacement(ctx, q); err != nil {
+			return err
+		}
+	}
+	if err := n.configChange(ctx, configChangeReq{Shard: shard, Add: true, Replica: r.ID, NodeHostID: pe.NodeHostID}); err != nil {
+		return fmt.Errorf("add replica %d on %s: %w", r.ID, peer, err)
+	}
+	// Wait until the new replica serves a linearizable read: it is a member
+	// and has applied everything committed before the read.
+	for attempt := 0; ; attempt++ {
+		if _, err := n.callPeerName(ctx, peer, methodCaughtUp, mustEncode(shardReq{Shard: shard})); err == nil {
+			n.log.Info("replica added", "shard", shard, "peer", peer, "replica", r.ID)
+			return nil
+		}
+		if err := n.backoff(ctx, min(attempt, 3)); err != nil {
+			return fmt.Errorf("replica %d on %s did not catch up: %w", r.ID, peer, err)
+		}
+	}
+}
+
+func (n *Node) removeReplica(ctx context.Context, shard uint64, r replica) error {
+	p, err := n.readMetaPlacement(ctx)
+	if err != nil {
+		return err
+	}
+	// Never remove a leader: hand its leadership to another replica first,
+	// the oldest one (the most likely to be up to date).
+	if leader, ok := n.shardLeader(ctx, p, shard); ok && leader == r.ID {
+		var target uint64
+		for _, o := range p.Replicas[shard] {
+			if o.ID != r.ID && (target == 0 || o.ID < target) {
+				target = o.ID
+			}
+		}
+		_, _ = n.callPeerName(ctx, r.Peer, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
+		deadline := time.Now().Add(30 * n.cfg.RTT)
+		for {
+			if l, ok := n.shardLeader(ctx, p, shard); ok && l != r.ID {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("replica %d still leads shard %d after a leadership transfer to %d", r.ID, shard, target)
+			}
+			time.Sleep(n.cfg.RTT)
+		}
+	}
+	if err := n.configChange(ctx, configChangeReq{Shard: shard, Add: false, Replica: r.ID}); err != nil {
+		return fmt.Errorf("remove replica %d from %s: %w", r.ID, r.Peer, err)
+	}
+	p, err = n.readMetaPlacement(ctx)
+	if err != nil {
+		return err
+	}
+	q := p.next()
+	q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], func(o replica) bool { return o.ID == r.ID })
+	if err := n.proposePlacement(ctx, q); err != nil {
+		return err
+	}
+	n.log.Info("replica removed from layout", "shard", shard, "peer", r.Peer, "replica", r.ID)
+	return nil
+}
+
+// balanceLeaders moves one leadership from the peer leading the most shards
+// to one leading the fewest, if they differ by two or more.
+func (n *Node) balanceLeaders(ctx context.Context, p *placement, eligible []string) error {
+	leaders := map[uint64]uint64{}
+	for _, name := range eligible {
+		raw, err := n.callPeerName(ctx, name, methodStatus, nil)
+		if err != nil {
+			continue
+		}
+		var st statusResp
+		if decodeBody(raw, &st) != nil {
+			continue
+		}
+		for _, l := range st.Leading {
+			leaders[l] = st.Replicas[l]
+		}
+	}
+	count := map[string]int{}
+	for _, name := range eligible {
+		count[name] = 0
+	}
+	ledBy := map[string][]uint64{}
+	for shard, id := range leaders {
+		if pe, ok := p.peerByReplica(id); ok {
+			count[pe.Name]++
+			ledBy[pe.Name] = append(ledBy[pe.Name], shard)
+		}
+	}
+	byCount := append([]string(nil), eligible...)
+	slices.SortStableFunc(byCount, func(a, b string) int { return count[b] - count[a] })
+	// The most loaded peer that can hand a shard to a peer leading at
+	// least two fewer.
+	for _, most := range byCount {
+		slices.Sort(ledBy[most])
+		for i := len(byCount) - 1; i >= 0; i-- {
+			least := byCount[i]
+			if count[most]-count[least] < 2 {
+				break
+			}
+			for _, shard := range ledBy[most] {
+				if target, ok := p.replicaID(shard, least); ok {
+					n.log.Debug("moving leadership", "shard", shard, "from", most, "to", least)
+					_, err := n.callPeerName(ctx, most, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// shardLeader asks the shard's hosts who leads it.
+func (n *Node) shardLeader(ctx context.Context, p *placement, shard uint64) (uint64, bool) {
+	for _, name := range p.hostNames(shard) {
+		raw, err := n.callPeerName(ctx, name, methodStatus, nil)
+		if err != nil {
+			continue
+		}
+		var st statusResp
+		if decodeBody(raw, &st) == nil {
+			if id, ok := st.Leaders[shard]; ok && id != 0 {
+				return id, true
+			}
+		}
+	}
+	return 0, false
+}

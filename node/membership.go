@@ -1,0 +1,332 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Requests of the controller and of a leaving peer.
+type shardReq struct {
+	Shard uint64 `msgpack:"s"`
+}
+
+type configChangeReq struct {
+	Shard      uint64 `msgpack:"s"`
+	Add        bool   `msgpack:"a"`
+	Replica    uint64 `msgpack:"r"`
+	NodeHostID string `msgpack:"h"`
+}
+
+type transferReq struct {
+	Shard  uint64 `msgpack:"s"`
+	Target uint64 `msgpack:"t"`
+}
+
+// statusResp is what a peer says of the replicas it runs.
+type statusResp struct {
+	Replicas map[uint64]uint64 `msgpack:"r"` // shard -> local replica id
+	Leaders  map[uint64]uint64 `msgpack:"l"` // shard -> leader replica id, as seen here
+	Leading  []uint64          `msgpack:"x"` // shards this peer leads
+}
+
+func mustEncode(v any) []byte {
+	b, err := encodeBody(v)
+	if err != nil {
+		panic(fmt.Sprintf("encode %T: %v", v, err)) // only fixed, encodable types reach here
+	}
+	return b
+}
+
+// serveMembership answers the controller's and leaving peers' requests.
+func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) ([]byte, error) {
+	switch method {
+	case methodStatus:
+		st := statusResp{Replicas: map[uint64]uint64{}, Leaders: map[uint64]uint64{}}
+		n.runMu.Lock()
+		for shard, id := range n.running {
+			st.Replicas[shard] = id
+		}
+		n.runMu.Unlock()
+		for shard, id := range st.Replicas {
+			if lid, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
+				st.Leaders[shard] = lid
+				if lid == id {
+					st.Leading = append(st.Leading, shard)
+				}
+			}
+		}
+		return encodeBody(st)
+	case methodConfigChange:
+		var req configChangeReq
+		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		if !n.hostsShard(req.Shard) {
+			return nil, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
+		}
+		ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+		defer cancel()
+		var err error
+		if req.Add {
+			err = n.nh.SyncRequestAddReplica(ctx, req.Shard, req.Replica, req.NodeHostID, 0)
+		} else {
+			err = n.nh.SyncRequestDeleteReplica(ctx, req.Shard, req.Replica, 0)
+		}
+		if err != nil && retryable(err) {
+			return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
+		}
+		return nil, err
+	case methodTransferLeader:
+		var req transferReq
+		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		if !n.hostsShard(req.Shard) {
+			return nil, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
+		}
+		return nil, n.nh.RequestLeaderTransfer(req.Shard, req.Target)
+	case methodCaughtUp:
+		var req shardReq
+		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		if !n.hostsShard(req.Shard) {
+			return nil, rpcError(codeNotHosted, "peer %s does not run shard %d yet", n.cfg.Name, req.Shard)
+		}
+		rctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+		defer cancel()
+		// Any linearizable read will do (the meta shard answers every query
+		// with the layout).
+		if _, err := n.nh.SyncRead(rctx, req.Shard, lockQuery{Kind: querySessions}); err != nil {
+			return nil, rpcError(codeBusy, "shard %d not caught up: %v", req.Shard, err)
+		}
+		return nil, nil
+	case methodSetPlacement:
+		if !n.hostsShard(metaShardID) {
+			return nil, rpcError(codeNotHosted, "peer %s hosts no meta replica", n.cfg.Name)
+		}
+		q, err := decodePlacement(body)
+		if err != nil {
+			return nil, err
+		}
+		return nil, n.proposePlacement(ctx, q)
+	}
+	return nil, fmt.Errorf("unknown membership method %d", method)
+}
+
+// callPeerName calls the named peer, or serves the call here.
+func (n *Node) callPeerName(ctx context.Context, name string, method uint8, body []byte) ([]byte, error) {
+	if name == n.cfg.Name {
+		return n.handle(ctx, method, body)
+	}
+	addr, ok := n.rpcAddr(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: no address for peer %q", ErrUnavailable, name)
+	}
+	return n.peers.Call(ctx, addr, method, body)
+}
+
+// configChange asks a host of the shard to change its Raft membership.
+func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
+	p := n.placement.Load()
+	body := mustEncode(req)
+	var lastErr error = errors.New("no host")
+	for attempt := 0; attempt < 20; attempt++ {
+		hosts := p.hostNames(req.Shard)
+		if l := n.leaderGuess(req.Shard); l != "" {
+			hosts = append([]string{l}, hosts...)
+		}
+		for _, h := range hosts {
+			_, err := n.callPeerName(ctx, h, methodConfigChange, body)
+			if err == nil {
+				return nil
+			}
+			lastErr = err
+		}
+		if err := n.backoff(ctx, min(attempt, 3)); err != nil {
+			return fmt.Errorf("%w (last: %v)", err, lastErr)
+		}
+		if q := n.placement.Load(); q != nil {
+			p = q
+		}
+	}
+	return lastErr
+}
+
+// readMetaPlacement reads the layout from the meta shard, linearizably.
+//
+// The local meta replica answers when this peer has one and it is caught
+// up; a replica still joining cannot, so the other meta hosts are asked
+// next (each answers from its own meta replica).
+func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
+	var lastErr error = errNotReady
+	if n.hostsShard(metaShardID) {
+		if p, err := n.readLocalPlacement(ctx); err == nil {
+			return p, nil
+		} else {
+			lastErr = err
+		}
+	}
+	p := n.placement.Load()
+	if p == nil {
+		return nil, errNotReady
+	}
+	for _, h := range p.hostNames(metaShardID) {
+		if h == n.cfg.Name {
+			continue
+		}
+		raw, err := n.callPeerName(ctx, h, methodGetPlacement, nil)
+		if err == nil {
+			return decodePlacement(raw)
+		}
+		lastErr = err
+	}
+	return nil, lastErr
+}
+
+func (n *Node) readLocalPlacement(ctx context.Context) (*placement, error) {
+	rctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+	defer cancel()
+	v, err := n.nh.SyncRead(rctx, metaShardID, nil)
+	if err != nil {
+		return nil, err
+	}
+	raw, _ := v.([]byte)
+	if len(raw) == 0 {
+		return nil, errNotReady
+	}
+	return decodePlacement(raw)
+}
+
+// proposePlacement writes q, the successor of the current layout, into the
+// meta shard. It fails if another change got in first.
+func (n *Node) proposePlacement(ctx context.Context, q *placement) error {
+	raw, err := encodePlacement(q)
+	if err != nil {
+		return err
+	}
+	if !n.hostsShard(metaShardID) {
+		p := n.placement.Load()
+		var lastErr error = errNotReady
+		for _, h := range p.hostNames(metaShardID) {
+			if _, err := n.callPeerName(ctx, h, methodSetPlacement, raw); err == nil {
+				return nil
+			} else {
+				lastErr = err
+			}
+		}
+		return lastErr
+	}
+	pctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+	defer cancel()
+	r, err := n.nh.SyncPropose(pctx, n.nh.GetNoOPSession(metaShardID), raw)
+	if err != nil {
+		return err
+	}
+	if r.Value != q.Epoch {
+		return fmt.Errorf("layout changed concurrently (epoch %d, wanted %d)", r.Value, q.Epoch)
+	}
+	return nil
+}
+
+// placementLoop keeps this peer's copy of the layout current and starts or
+// stops local replicas to match it.
+func (n *Node) placementLoop() {
+	t := time.NewTicker(n.controlInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-n.stop:
+			return
+		}
+		cur := n.placement.Load()
+		if cur == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(n.ctx, n.proposalTimeout())
+		q, err := n.readMetaPlacement(ctx)
+		cancel()
+		if err != nil || q.Epoch <= cur.Epoch || q.ClusterID != cur.ClusterID {
+			continue
+		}
+		if err := n.updatePlacement(q); err != nil {
+			n.log.Warn("apply new layout", "epoch", q.Epoch, "err", err)
+		}
+	}
+}
+
+// updatePlacement adopts a newer layout: it records it, starts the replicas
+// it adds here and stops the ones it removed from here.
+func (n *Node) updatePlacement(q *placement) error {
+	if err := n.saveRecord(q); err != nil {
+		return err
+	}
+	n.placement.Store(q)
+	for _, shard := range q.shardIDs() {
+		r, listed := q.replica(shard, n.cfg.Name)
+		id, running := n.localReplica(shard)
+		switch {
+		case listed && !running:
+			if err := n.startReplica(q, shard, r); err != nil {
+				n.log.Warn("start replica", "shard", shard, "err", err)
+			}
+		case running && (!listed || r.ID != id):
+			n.stopReplica(shard)
+		}
+	}
+	return nil
+}
+
+// Leave moves this peer out of the cluster gracefully: it asks for its
+// replicas and leaderships to be moved to other peers, waits until they
+// are (the cluster never drops below the replication factor, so this needs
+// enough other peers), then closes its sessions, handing their locks on,
+// and closes the node. If ctx ends first the peer stays draining and
+// running, and Leave returns an error.
+func (n *Node) Leave(ctx context.Context) error {
+	if n.isClosed() {
+		return ErrClosed
+	}
+	if _, err := n.waitReady(ctx); err != nil {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		p, err := n.readMetaPlacement(ctx)
+		if err == nil {
+			pe, listed := p.peer(n.cfg.Name)
+			if !listed || p.replicaCount(n.cfg.Name) == 0 {
+				break
+			}
+			if !pe.Draining {
+				q := p.next()
+				for i := range q.Peers {
+					if q.Peers[i].Name == n.cfg.Name {
+						q.Peers[i].Draining = true
+					}
+				}
+				if err := n.proposePlacement(ctx, q); err == nil {
+					n.log.Info("draining: replicas will move to other peers")
+				}
+			}
+		}
+		if err := n.backoff(ctx, min(attempt, 4)); err != nil {
+			return fmt.Errorf("leave: replicas not moved away in time (is there a peer to take them?): %w", err)
+		}
+	}
+	// Wait for this peer's copy to drop the last replica too.
+	for n.runningCount() > 0 {
+		if err := n.backoff(ctx, 2); err != nil {
+			return fmt.Errorf("leave: %w", err)
+		}
+	}
+	return n.Close()
+}
+
+func (n *Node) runningCount() int {
+	n.runMu.Lock()
+	defer n.runMu.Unlock()
+	return len(n.running)
+}

@@ -1,0 +1,146 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// layoutStats summarises the settled layout as the given peer sees it.
+type layoutStats struct {
+	replicas, leaders map[string]int
+	underReplicated   []uint64
+}
+
+func settledLayout(t *testing.T, observer *Node, live []*testPeer) (layoutStats, error) {
+	t.Helper()
+	ctx := ctxT(t, 5*time.Second)
+	p, err := observer.readMetaPlacement(ctx)
+	if err != nil {
+		return layoutStats{}, err
+	}
+	st := layoutStats{replicas: map[string]int{}, leaders: map[string]int{}}
+	liveNames := map[string]bool{}
+	for _, tp := range live {
+		liveNames[tp.cfg.Name] = true
+		st.replicas[tp.cfg.Name] = 0
+		st.leaders[tp.cfg.Name] = 0
+	}
+	for _, shard := range p.shardIDs() {
+		n := 0
+		for _, r := range p.Replicas[shard] {
+			if liveNames[r.Peer] {
+				n++
+				st.replicas[r.Peer]++
+			}
+		}
+		if n < p.RF {
+			st.underReplicated = append(st.underReplicated, shard)
+		}
+	}
+	for _, tp := range live {
+		for _, shard := range p.shardIDs() {
+			if tp.node.leadsShard(shard) {
+				st.leaders[tp.cfg.Name]++
+			}
+		}
+	}
+	return st, nil
+}
+
+func spread(m map[string]int) (lo, hi int) {
+	lo = -1
+	for _, v := range m {
+		if lo < 0 || v < lo {
+			lo = v
+		}
+		hi = max(hi, v)
+	}
+	return lo, hi
+}
+
+// waitBalanced waits until every shard has RF live replicas and replicas
+// and leaders per peer are within a factor of two.
+func waitBalanced(t *testing.T, live []*testPeer, within time.Duration) layoutStats {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var st layoutStats
+	for {
+		var err error
+		st, err = settledLayout(t, live[0].node, live)
+		if err != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("layout unreadable after %v: %v", within, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		rlo, rhi := spread(st.replicas)
+		llo, lhi := spread(st.leaders)
+		if len(st.underReplicated) == 0 && rlo > 0 && rhi <= 2*rlo && llo > 0 && lhi <= 2*llo {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not balanced after %v: replicas %v, leaders %v, under-replicated shards %v", within, st.replicas, st.leaders, st.underReplicated)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestScaleOutAndIn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("grows a cluster to 9 peers")
+	}
+	o := clusterOpts{peers: 3, rf: 3, shards: 16, ttl: 2 * time.Second}
+	peers := startCluster(t, o)
+	for _, p := range peers {
+		p.cfg.DeadAfter = 2 * time.Second
+	}
+	c := newChecker()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	load := hammer(ctx, peers, keys, 2, c)
+
+	seed := peers[0].node.GossipAddr()
+	for i := 4; i <= 9; i++ {
+		cfg := testConfig(t, fmt.Sprintf("peer-%d", i), o)
+		cfg.BootstrapExpect = 0
+		cfg.Join = []string{seed}
+		cfg.DeadAfter = 2 * time.Second
+		p := &testPeer{cfg: cfg}
+		p.start(t)
+		t.Cleanup(p.stop)
+		p.waitReady(t)
+		peers = append(peers, p)
+		started := time.Now()
+		st := waitBalanced(t, peers, 60*time.Second)
+		t.Logf("peer-%d joined: balanced in %v; replicas %v leaders %v", i, time.Since(started).Round(time.Millisecond), st.replicas, st.leaders)
+	}
+
+	// Graceful leave of one peer, kill of another.
+	leaving := peers[8]
+	lctx, lcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	started := time.Now()
+	if err := leaving.node.Leave(lctx); err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+	lcancel()
+	t.Logf("peer-9 left in %v", time.Since(started).Round(time.Millisecond))
+	peers = peers[:8]
+	victim := peers[7]
+	victim.node.kill()
+	peers = peers[:7]
+	started = time.Now()
+	st := waitBalanced(t, peers, 60*time.Second)
+	t.Logf("killed peer-8 replaced in %v; replicas %v leaders %v", time.Since(started).Round(time.Millisecond), st.replicas, st.leaders)
+
+	cancel()
+	load.Wait()
+	c.check(t)
+	if c.grants.Load() < 100 {
+		t.Fatalf("only %d grants during the whole scale-out", c.grants.Load())
+	}
+	t.Logf("%d grants checked", c.grants.Load())
+}
