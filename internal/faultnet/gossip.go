@@ -38,6 +38,7 @@ func (n *Network) GossipTransport(self string, inner memberlist.NodeAwareTranspo
 		peerOf:             peerOf,
 		packets:            make(chan *memberlist.Packet),
 		streams:            make(chan net.Conn),
+		stopping:           make(chan struct{}),
 		done:               make(chan struct{}),
 	}
 	t.wg.Add(2)
@@ -55,6 +56,11 @@ type gossipTransport struct {
 	packets chan *memberlist.Packet
 	streams chan net.Conn
 
+	// stopping closes when Shutdown starts: from then on the forwarders
+	// drain inner without delivering, so that inner's listeners, which
+	// block on their unbuffered channels, can exit. done closes once
+	// inner is down and stops the forwarders.
+	stopping     chan struct{}
 	done         chan struct{}
 	shutdownOnce sync.Once
 	wg           sync.WaitGroup // forwarders and accepted streams in flight
@@ -98,12 +104,13 @@ func (t *gossipTransport) PacketCh() <-chan *memberlist.Packet { return t.packet
 
 func (t *gossipTransport) StreamCh() <-chan net.Conn { return t.streams }
 
-// Shutdown stops the forwarders and shuts inner down. It is idempotent.
+// Shutdown shuts inner down and stops the forwarders. It is idempotent.
 func (t *gossipTransport) Shutdown() error {
 	var err error
 	t.shutdownOnce.Do(func() {
-		close(t.done)
+		close(t.stopping)
 		err = t.NodeAwareTransport.Shutdown()
+		close(t.done)
 		t.wg.Wait()
 	})
 	return err
@@ -122,8 +129,7 @@ func (t *gossipTransport) forwardPackets() {
 			}
 			select {
 			case t.packets <- p:
-			case <-t.done:
-				return
+			case <-t.stopping:
 			}
 		}
 	}
@@ -148,7 +154,7 @@ func (t *gossipTransport) forwardStreams() {
 // accept hands an incoming stream to memberlist unless its link is cut.
 func (t *gossipTransport) accept(raw net.Conn) {
 	defer t.wg.Done()
-	peer, ok := t.net.originOf(raw.RemoteAddr().String(), originWait, t.done)
+	peer, ok := t.net.originOf(raw.RemoteAddr().String(), originWait, t.stopping)
 	if !ok {
 		// Not dialed through a faultnet transport: the remote address may
 		// still be a gossip address the caller knows.
@@ -161,7 +167,7 @@ func (t *gossipTransport) accept(raw net.Conn) {
 	}
 	select {
 	case t.streams <- c:
-	case <-t.done:
+	case <-t.stopping:
 		_ = c.Close()
 	}
 }

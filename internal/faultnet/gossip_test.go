@@ -174,12 +174,30 @@ func TestGossipStreamsObeyRules(t *testing.T) {
 	}
 }
 
+// Shutdown returns even with packets and streams that nobody reads: the
+// inner transport's listeners block on unbuffered channels until drained.
 func TestGossipTransportShutdown(t *testing.T) {
 	gp := newGossipPair(t)
-	if err := gp.a.Shutdown(); err != nil {
-		t.Fatal(err)
+	for i := 0; i < 3; i++ {
+		if _, err := gp.a.WriteTo([]byte("unread"), gp.addrB); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := gp.a.DialTimeout(gp.addrB, time.Second); err == nil {
+			defer c.Close()
+		}
 	}
-	if err := gp.a.Shutdown(); err != nil {
+	time.Sleep(100 * time.Millisecond) // let them reach b's listeners
+	done := make(chan error, 1)
+	go func() { done <- gp.b.Shutdown() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown hung on undelivered packets or streams")
+	}
+	if err := gp.b.Shutdown(); err != nil {
 		t.Fatalf("second Shutdown: %v", err)
 	}
 }
