@@ -26,13 +26,19 @@ import (
 //
 // Keys never move between shards, so fencing tokens stay monotonic.
 type controller struct {
-	mu        sync.Mutex
-	deadSince map[string]time.Time
-	moving    map[uint64]bool
+	mu           sync.Mutex
+	deadSince    map[string]time.Time
+	moving       map[uint64]bool
+	lastTransfer time.Time // leadership moves are spaced out by transferGap
 }
 
 // maxParallelMoves bounds the shards being moved at once.
 const maxParallelMoves = 4
+
+// transferGap spaces leadership moves: each one pauses the shard's
+// proposals until the new leader takes over, and a target that is still
+// catching up takes longer.
+func (n *Node) transferGap() time.Duration { return max(20*n.cfg.RTT, 500*time.Millisecond) }
 
 func (n *Node) controlInterval() time.Duration { return max(5*n.cfg.RTT, 100*time.Millisecond) }
 
@@ -104,10 +110,13 @@ func (n *Node) controlStep() error {
 			n.ctrl.deadSince[pe.Name] = now
 		}
 		since, dead := n.ctrl.deadSince[pe.Name]
-		gone := pe.Draining || (dead && now.Sub(since) > n.cfg.DeadAfter)
-		if !gone {
+		expired := dead && now.Sub(since) > n.cfg.DeadAfter
+		switch {
+		case !pe.Draining && !expired:
 			eligible = append(eligible, pe.Name)
-		} else if p.replicaCount(pe.Name) == 0 {
+		case p.replicaCount(pe.Name) == 0 && (expired || (pe.Draining && dead)):
+			// A draining peer is forgotten only once it is gone, or it
+			// would be admitted again as a new peer while it shuts down.
 			forget = append(forget, pe.Name)
 		}
 	}
@@ -126,7 +135,7 @@ func (n *Node) controlStep() error {
 	desired := desiredLayout(p, eligible)
 	pending := false
 	for _, shard := range p.shardIDs() {
-		add, remove := planMove(p, shard, desired[shard])
+		add, remove := planMove(p, shard, desired[shard], alive)
 		if add == "" && remove == nil {
 			continue
 		}
@@ -155,8 +164,21 @@ func (n *Node) controlStep() error {
 		n.log.Debug("controller: moves pending", "epoch", p.Epoch)
 		return nil
 	}
-	// 4. Even out leadership.
-	return n.balanceLeaders(ctx, p, eligible)
+	// 4. Even out leadership, among peers that are up: a transfer to a
+	// dead replica stalls the shard's proposals for an election timeout.
+	var up []string
+	for _, name := range eligible {
+		if _, ok := alive[name]; ok {
+			up = append(up, name)
+		}
+	}
+	n.ctrl.mu.Lock()
+	recent := time.Since(n.ctrl.lastTransfer) < n.transferGap()
+	n.ctrl.mu.Unlock()
+	if len(up) < 2 || recent {
+		return nil
+	}
+	return n.balanceLeaders(ctx, p, up)
 }
 
 func cmpString(a, b string) int {
@@ -269,10 +291,17 @@ func desiredLayout(p *placement, eligible []string) map[uint64][]string {
 	return out
 }
 
-// planMove picks the next step for shard: a peer to add a replica on, or
-// (only once the shard has more than it needs) a replica to remove.
-func planMove(p *placement, shard uint64, want []string) (add string, remove *replica) {
+// planMove picks the next step for shard: a replica on a dead peer to
+// remove first (adding a member while one is dead would raise the quorum
+// while a member cannot vote), else a peer to add a replica on, else (only
+// once the shard has more than it needs) a surplus replica to remove.
+func planMove(p *placement, shard uint64, want []string, alive map[string]mesh.Member) (add string, remove *replica) {
 	cur := p.Replicas[shard]
+	for i := range cur {
+		if _, up := alive[cur[i].Peer]; !up && !slices.Contains(want, cur[i].Peer) {
+			return "", &cur[i]
+		}
+	}
 	for _, name := range want {
 		if !p.hosts(shard, name) {
 			return name, nil
@@ -328,6 +357,9 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 	// Wait until the new replica serves a linearizable read: it is a member
 	// and has applied everything committed before the read.
 	for attempt := 0; ; attempt++ {
+		if m, ok := n.mesh.Member(peer); !ok || m.State != mesh.StateAlive {
+			return fmt.Errorf("peer %s went away while its replica %d of shard %d caught up", peer, r.ID, shard)
+		}
 		if _, err := n.callPeerName(ctx, peer, methodCaughtUp, mustEncode(shardReq{Shard: shard})); err == nil {
 			n.log.Info("replica added", "shard", shard, "peer", peer, "replica", r.ID)
 			return nil
@@ -344,24 +376,30 @@ func (n *Node) removeReplica(ctx context.Context, shard uint64, r replica) error
 		return err
 	}
 	// Never remove a leader: hand its leadership to another replica first,
-	// the oldest one (the most likely to be up to date).
+	// trying the others in turn (oldest first: the most likely up to date).
 	if leader, ok := n.shardLeader(ctx, p, shard); ok && leader == r.ID {
-		var target uint64
+		var others []uint64
 		for _, o := range p.Replicas[shard] {
-			if o.ID != r.ID && (target == 0 || o.ID < target) {
-				target = o.ID
+			if o.ID != r.ID {
+				others = append(others, o.ID)
 			}
 		}
-		_, _ = n.callPeerName(ctx, r.Peer, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
-		deadline := time.Now().Add(30 * n.cfg.RTT)
-		for {
-			if l, ok := n.shardLeader(ctx, p, shard); ok && l != r.ID {
+		slices.Sort(others)
+		moved := false
+		for _, target := range others {
+			_, _ = n.callPeerName(ctx, r.Peer, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
+			deadline := time.Now().Add(30 * n.cfg.RTT)
+			for !moved && time.Now().Before(deadline) {
+				time.Sleep(n.cfg.RTT)
+				l, ok := n.shardLeader(ctx, p, shard)
+				moved = ok && l != r.ID
+			}
+			if moved {
 				break
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("replica %d still leads shard %d after a leadership transfer to %d", r.ID, shard, target)
-			}
-			time.Sleep(n.cfg.RTT)
+		}
+		if !moved {
+			return fmt.Errorf("replica %d still leads shard %d after leadership transfers to %v", r.ID, shard, others)
 		}
 	}
 	if err := n.configChange(ctx, configChangeReq{Shard: shard, Add: false, Replica: r.ID}); err != nil {
@@ -410,24 +448,54 @@ func (n *Node) balanceLeaders(ctx context.Context, p *placement, eligible []stri
 	}
 	byCount := append([]string(nil), eligible...)
 	slices.SortStableFunc(byCount, func(a, b string) int { return count[b] - count[a] })
+	transfer := func(from, to string, shard uint64) error {
+		target, _ := p.replicaID(shard, to)
+		n.log.Debug("moving leadership", "shard", shard, "from", from, "to", to)
+		n.ctrl.mu.Lock()
+		n.ctrl.lastTransfer = time.Now()
+		n.ctrl.mu.Unlock()
+		_, err := n.callPeerName(ctx, from, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
+		return err
+	}
+	canGive := func(from, to string) (uint64, bool) {
+		slices.Sort(ledBy[from])
+		for _, shard := range ledBy[from] {
+			if p.hosts(shard, to) {
+				return shard, true
+			}
+		}
+		return 0, false
+	}
 	// The most loaded peer that can hand a shard to a peer leading at
 	// least two fewer.
 	for _, most := range byCount {
-		slices.Sort(ledBy[most])
 		for i := len(byCount) - 1; i >= 0; i-- {
 			least := byCount[i]
 			if count[most]-count[least] < 2 {
 				break
 			}
-			for _, shard := range ledBy[most] {
-				if target, ok := p.replicaID(shard, least); ok {
-					n.log.Debug("moving leadership", "shard", shard, "from", most, "to", least)
-					_, err := n.callPeerName(ctx, most, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
-					return err
-				}
+			if shard, ok := canGive(most, least); ok {
+				return transfer(most, least, shard)
 			}
 		}
 	}
+	// No direct move: let a peer one above the least loaded give it a
+	// shard, if the most loaded can then give that peer one next round.
+	most, least := byCount[0], byCount[len(byCount)-1]
+	if count[most]-count[least] >= 2 {
+		for _, mid := range byCount {
+			if mid == most || count[mid] <= count[least] {
+				continue
+			}
+			if _, ok := canGive(most, mid); !ok {
+				continue
+			}
+			if shard, ok := canGive(mid, least); ok {
+				return transfer(mid, least, shard)
+			}
+		}
+	}
+	n.log.Debug("controller: leadership balanced", "leaders", count, "known", len(leaders))
 	return nil
 }
 
