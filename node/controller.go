@@ -45,21 +45,14 @@ func (n *Node) controlInterval() time.Duration { return max(5*n.cfg.RTT, 100*tim
 func (n *Node) controlLoop() {
 	n.ctrl.deadSince = map[string]time.Time{}
 	n.ctrl.moving = map[uint64]bool{}
-	t := time.NewTicker(n.controlInterval())
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-n.stop:
-			return
-		}
+	n.every(n.controlInterval(), func() {
 		if !n.leadsShard(metaShardID) {
-			continue
+			return
 		}
 		if err := n.controlStep(); err != nil {
 			n.log.Debug("controller step", "err", err)
 		}
-	}
+	})
 }
 
 // leadsShard reports whether this peer's replica of shard is its leader.

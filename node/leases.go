@@ -158,16 +158,7 @@ func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveR
 // expiryLoop expires, on every shard this peer leads, the sessions whose
 // keepalives stopped for longer than the TTL.
 func (n *Node) expiryLoop() {
-	t := time.NewTicker(max(n.cfg.SessionTTL/20, n.cfg.RTT))
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-n.stop:
-			return
-		}
-		n.expireLapsed()
-	}
+	n.every(max(n.cfg.SessionTTL/20, n.cfg.RTT), n.expireLapsed)
 }
 
 func (n *Node) expireLapsed() {
@@ -239,14 +230,7 @@ func max64(a, b time.Time) time.Time {
 // keepAliveLoop sends this peer's keepalives: one call per shard per round
 // to the shard's leader, carrying every session this peer has there.
 func (n *Node) keepAliveLoop() {
-	t := time.NewTicker(n.keepAliveInterval())
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-n.stop:
-			return
-		}
+	n.every(n.keepAliveInterval(), func() {
 		byShard := map[uint64][]*session{}
 		for _, s := range n.liveSessions() {
 			byShard[s.shard] = append(byShard[s.shard], s)
@@ -260,7 +244,7 @@ func (n *Node) keepAliveLoop() {
 			}()
 		}
 		wg.Wait()
-	}
+	})
 }
 
 func (n *Node) keepAliveInterval() time.Duration { return n.cfg.SessionTTL / 4 }

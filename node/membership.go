@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 )
 
 // Requests of the controller and of a leaving peer.
@@ -234,28 +233,21 @@ func (n *Node) proposePlacement(ctx context.Context, q *placement) error {
 // placementLoop keeps this peer's copy of the layout current and starts or
 // stops local replicas to match it.
 func (n *Node) placementLoop() {
-	t := time.NewTicker(n.controlInterval())
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-n.stop:
-			return
-		}
+	n.every(n.controlInterval(), func() {
 		cur := n.placement.Load()
 		if cur == nil {
-			continue
+			return
 		}
 		ctx, cancel := context.WithTimeout(n.ctx, n.proposalTimeout())
 		q, err := n.readMetaPlacement(ctx)
 		cancel()
 		if err != nil || q.Epoch <= cur.Epoch || q.ClusterID != cur.ClusterID {
-			continue
+			return
 		}
 		if err := n.updatePlacement(q); err != nil {
 			n.log.Warn("apply new layout", "epoch", q.Epoch, "err", err)
 		}
-	}
+	})
 }
 
 // updatePlacement adopts a newer layout: it records it, starts the replicas

@@ -252,6 +252,21 @@ func (n *Node) shutdown(leave bool) {
 
 func (n *Node) isClosed() bool { return n.closed.Load() }
 
+// every runs f every interval, on the calling goroutine, until the node
+// stops.
+func (n *Node) every(interval time.Duration, f func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-n.stop:
+			return
+		}
+		f()
+	}
+}
+
 func (n *Node) goFunc(f func()) {
 	n.wg.Add(1)
 	go func() {
