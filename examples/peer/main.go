@@ -6,21 +6,30 @@
 //	go run ./examples/peer -name p2 -data /tmp/lm/p2 -gossip 127.0.0.1:7011 -raft 127.0.0.1:7012 -rpc 127.0.0.1:7013 -expect 3 -join 127.0.0.1:7001,127.0.0.1:7021
 //	go run ./examples/peer -name p3 -data /tmp/lm/p3 -gossip 127.0.0.1:7021 -raft 127.0.0.1:7022 -rpc 127.0.0.1:7023 -expect 3 -join 127.0.0.1:7001,127.0.0.1:7011
 //
-// A peer started later with -expect 0 joins the existing cluster; it hosts
-// no replicas and forwards its lock calls to peers that do. With -lock KEY
-// it takes the lock once it is ready and reports on stdout, one line each:
+// A peer started later with -expect 0 joins the existing cluster, which
+// admits it and moves replicas onto it. With -lock KEY it takes the lock
+// once it is ready and reports on stdout, one line each:
 //
 //	ready NAME gossip=ADDR
 //	acquired KEY token=N
 //	released KEY          (after -hold, or when signalled while holding)
 //	lost KEY: ERR         (the lease ended before the release)
 //
-// -loop N repeats lock/hold/unlock N times. After its demo actions the peer
-// keeps serving until SIGINT or SIGTERM, which unlock what it holds, close
-// the node (its sessions end at once, so waiters are granted without
-// waiting for the session TTL) and exit 0; a second signal kills it
-// outright. Logs go to stderr. Bad flags exit 2; a peer that cannot start
-// exits 1.
+// -loop N repeats lock/hold/unlock N times. -print-placement N first waits
+// until gossip shows N live peers and the layout has settled over them
+// (every shard has its replicas, all on live peers, and replicas per peer
+// differ by at most one), then prints the layout once, as this peer sees it:
+//
+//	placement NAME=REPLICAS/LEADERS ...           (peers sorted by name)
+//	shard ID hosts=NAME,... leader=NAME key=KEY   (a line per shard; KEY is a key in it)
+//	shard ID hosts=NAME,... leader=NAME meta      (the meta shard, which holds the layout)
+//	key KEY shard=ID                              (with -lock: the shard of KEY)
+//
+// After its demo actions the peer keeps serving until SIGINT or SIGTERM,
+// which unlock what it holds, close the node (its sessions end at once, so
+// waiters are granted without waiting for the session TTL) and exit 0; a
+// second signal kills it outright. Logs go to stderr. Bad flags exit 2; a
+// peer that cannot start exits 1.
 package main
 
 import (
@@ -32,6 +41,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +56,10 @@ type config struct {
 	hold     time.Duration // how long to hold it; 0 means until signalled
 	loop     int           // lock/hold/unlock rounds
 	logLevel slog.Level
+
+	// printPlacement is the number of live peers to wait for before
+	// printing the settled layout; 0 prints nothing.
+	printPlacement int
 }
 
 func main() {
@@ -84,6 +98,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "ready %s gossip=%s\n", n.Name(), n.GossipAddr())
 	case <-ctx.Done():
 	}
+	if cfg.printPlacement > 0 && ctx.Err() == nil {
+		if err := printPlacement(ctx, n, cfg.printPlacement, cfg.lock, stdout); err != nil && ctx.Err() == nil {
+			fmt.Fprintf(stderr, "peer: %v\n", err)
+			return 1
+		}
+	}
 	for i := 0; i < cfg.loop && cfg.lock != "" && ctx.Err() == nil; i++ {
 		if err := lockOnce(ctx, n, cfg.lock, cfg.hold, stdout); err != nil {
 			fmt.Fprintf(stderr, "peer: %v\n", err)
@@ -97,6 +117,108 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// printPlacement waits until gossip shows want live peers and the layout
+// has settled around them, then prints it (see the package comment).
+func printPlacement(ctx context.Context, n *node.Node, want int, key string, stdout io.Writer) error {
+	var shards []node.ShardInfo
+	for {
+		var err error
+		if shards, err = n.Placement(ctx); err != nil {
+			return err
+		}
+		if settled(shards, n.Members(), want) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	// A sample key per lock shard, found by asking where keys live.
+	sample := map[uint64]string{}
+	for i := 0; len(sample) < len(shards)-1 && i < 100*len(shards); i++ {
+		k := fmt.Sprintf("key-%d", i)
+		info, err := n.Inspect(ctx, k)
+		if err != nil {
+			return err
+		}
+		if _, ok := sample[info.Shard]; !ok {
+			sample[info.Shard] = k
+		}
+	}
+	replicas, leaders := map[string]int{}, map[string]int{}
+	var names []string
+	for _, m := range n.Members() {
+		if m.Alive {
+			names = append(names, m.Name)
+		}
+	}
+	var b strings.Builder
+	for _, s := range shards {
+		for _, r := range s.Replicas {
+			replicas[r]++
+		}
+		leaders[s.Leader]++
+		fmt.Fprintf(&b, "shard %d hosts=%s leader=%s", s.Shard, strings.Join(s.Replicas, ","), s.Leader)
+		if s.Meta {
+			b.WriteString(" meta")
+		} else if k, ok := sample[s.Shard]; ok {
+			b.WriteString(" key=" + k)
+		}
+		b.WriteString("\n")
+	}
+	if key != "" {
+		info, err := n.Inspect(ctx, key)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "key %s shard=%d\n", key, info.Shard)
+	}
+	slices.Sort(names)
+	head := "placement"
+	for _, name := range names {
+		head += fmt.Sprintf(" %s=%d/%d", name, replicas[name], leaders[name])
+	}
+	_, err := io.WriteString(stdout, head+"\n"+b.String())
+	return err
+}
+
+// settled reports whether the layout has settled over exactly want live
+// peers: every shard has as many replicas as the others, at least
+// min(3, want), all on live peers, and replicas per peer differ by at most
+// one.
+func settled(shards []node.ShardInfo, members []node.Member, want int) bool {
+	count := map[string]int{}
+	for _, m := range members {
+		if m.Alive {
+			count[m.Name] = 0
+		}
+	}
+	if len(count) != want || len(shards) == 0 {
+		return false
+	}
+	for _, s := range shards {
+		if len(s.Replicas) != len(shards[0].Replicas) || len(s.Replicas) < min(node.DefaultReplicationFactor, want) {
+			return false
+		}
+		for _, r := range s.Replicas {
+			if _, live := count[r]; !live {
+				return false
+			}
+			count[r]++
+		}
+	}
+	lo, hi := -1, 0
+	for _, c := range count {
+		if lo < 0 || c < lo {
+			lo = c
+		}
+		hi = max(hi, c)
+	}
+	return hi-lo <= 1
 }
 
 // lockOnce takes key, holds it for hold (0: until ctx ends) or until its
@@ -180,6 +302,7 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.StringVar(&cfg.lock, "lock", "", "once ready, lock `key` and report on stdout")
 	fs.DurationVar(&cfg.hold, "hold", 0, "hold the -lock key this `duration`; 0 holds it until signalled")
 	fs.IntVar(&cfg.loop, "loop", 1, "repeat lock/hold/unlock `n` times")
+	fs.IntVar(&cfg.printPlacement, "print-placement", 0, "before locking, wait until `n` live peers share a settled layout and print it")
 
 	finish = func() error {
 		for _, a := range strings.Split(*join, ",") {
@@ -199,6 +322,8 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 			return errors.New("set -expect N to form a new cluster of N peers, or -join to join one")
 		case cfg.hold < 0:
 			return fmt.Errorf("-hold %v is negative", cfg.hold)
+		case cfg.printPlacement < 0:
+			return fmt.Errorf("-print-placement %d is negative", cfg.printPlacement)
 		case cfg.loop < 1:
 			return fmt.Errorf("-loop %d must be at least 1", cfg.loop)
 		case cfg.lock == "" && (cfg.loop != 1 || cfg.hold != 0):

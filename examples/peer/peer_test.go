@@ -9,6 +9,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -454,4 +455,192 @@ func (b *tailBuffer) tail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestProcessesGrow grows a cluster of three server processes by two
+// processes started with -expect 0 -join, and checks that the new peers
+// took over replicas, first as the layout shows it (-print-placement),
+// then by crashing two of the three original servers: a shard with a
+// replica on a new peer keeps a quorum, and locks on it keep being granted
+// with increasing tokens. Had the new peers got no replicas, every shard
+// would live on the original three only and lose its quorum.
+func TestProcessesGrow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the program and runs 5 peer processes")
+	}
+	bin := filepath.Join(t.TempDir(), "peer")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	c := newCluster(t, bin)
+	servers := []string{"s1", "s2", "s3"}
+	grown := []string{"n4", "n5"}
+	addrs := freeAddrs(t, 3*(len(servers)+len(grown)))
+	gossip := map[string]string{}
+	args := map[string][]string{}
+	for i, name := range append(append([]string(nil), servers...), grown...) {
+		gossip[name] = addrs[3*i]
+		args[name] = []string{"-name", name, "-data", filepath.Join(c.dir, name),
+			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
+			"-rtt", "10ms", "-ttl", "2s", "-shards", "4", "-log-level", "info"}
+	}
+	joinAllBut := func(self string) string {
+		var j []string
+		for _, s := range servers {
+			if s != self {
+				j = append(j, gossip[s])
+			}
+		}
+		return strings.Join(j, ",")
+	}
+	readyOf := func(p *proc) func(event) bool {
+		return func(e event) bool { return e.p == p && strings.HasPrefix(e.line, "ready") }
+	}
+
+	procs := map[string]*proc{}
+	for _, s := range servers {
+		procs[s] = c.start(s, append(args[s], "-expect", "3", "-join", joinAllBut(s))...)
+	}
+	for range servers {
+		c.await(30*time.Second, "a server ready", prefix("ready"))
+	}
+
+	// Two more peers join; the last one prints the layout once it has
+	// settled over all five.
+	started := time.Now()
+	procs["n4"] = c.start("n4", append(args["n4"], "-join", joinAllBut(""))...)
+	c.await(20*time.Second, "n4 ready", readyOf(procs["n4"]))
+	procs["n5"] = c.start("n5", append(args["n5"], "-join", joinAllBut(""), "-print-placement", "5")...)
+	c.await(20*time.Second, "n5 ready", readyOf(procs["n5"]))
+	head := c.await(30*time.Second, "n5 to print a settled layout of 5 peers", func(e event) bool {
+		return e.p == procs["n5"] && strings.HasPrefix(e.line, "placement ")
+	})
+	t.Logf("layout settled over 5 peers %v after n4 was started", head.at.Sub(started).Round(time.Millisecond))
+	replicas := map[string]int{}
+	for _, f := range strings.Fields(strings.TrimPrefix(head.line, "placement ")) {
+		var r, l int
+		name, counts, _ := strings.Cut(f, "=")
+		if _, err := fmt.Sscanf(counts, "%d/%d", &r, &l); err != nil {
+			t.Fatalf("placement line %q: %v", head.line, err)
+		}
+		replicas[name] = r
+	}
+	if len(replicas) != 5 {
+		t.Fatalf("placement line %q lists %d peers, want 5", head.line, len(replicas))
+	}
+	for _, name := range grown {
+		if replicas[name] == 0 {
+			t.Fatalf("%s hosts no replica after growing: %q", name, head.line)
+		}
+	}
+
+	// The shard lines follow: 4 lock shards and the meta shard. Pick a lock
+	// shard with a replica on a new peer, and two original servers to
+	// crash of which at most one hosts it: the shard keeps a quorum only
+	// thanks to its replica(s) on the new peers.
+	type shard struct {
+		id          uint64
+		hosts       []string
+		key, leader string
+		meta        bool
+	}
+	var shards []shard
+	for len(shards) < 5 {
+		e := c.await(5*time.Second, "n5's shard lines", func(e event) bool {
+			return e.p == procs["n5"] && strings.HasPrefix(e.line, "shard ")
+		})
+		var s shard
+		for i, f := range strings.Fields(e.line) {
+			k, v, _ := strings.Cut(f, "=")
+			switch {
+			case i == 1:
+				fmt.Sscan(f, &s.id)
+			case k == "hosts":
+				s.hosts = strings.Split(v, ",")
+			case k == "leader":
+				s.leader = v
+			case k == "key":
+				s.key = v
+			case f == "meta":
+				s.meta = true
+			}
+		}
+		shards = append(shards, s)
+	}
+	var target *shard
+	var victims []string
+	for i := range shards {
+		s := &shards[i]
+		if s.meta || s.key == "" || len(s.hosts) != 3 {
+			continue
+		}
+		var hostOrig, otherOrig []string
+		for _, name := range servers {
+			if slices.Contains(s.hosts, name) {
+				hostOrig = append(hostOrig, name)
+			} else {
+				otherOrig = append(otherOrig, name)
+			}
+		}
+		if len(hostOrig) == 3 {
+			continue // on the original servers only
+		}
+		// One server not hosting it, and one hosting it if any does.
+		target = s
+		victims = []string{otherOrig[0], append(hostOrig, otherOrig[1:]...)[0]}
+		break
+	}
+	if target == nil {
+		t.Fatalf("every lock shard is hosted by the original servers only: %+v", shards)
+	}
+	t.Logf("shard %d (key %q) is on %v; will crash %v", target.id, target.key, target.hosts, victims)
+
+	// Restart both new peers on their data dirs (they keep their replicas)
+	// to lock and unlock the target shard's key in turn.
+	for _, name := range grown {
+		p := procs[name]
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.exited:
+			if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+				t.Fatalf("%s exited with %d after SIGTERM, want 0", name, code)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s did not exit within 10s of SIGTERM", name)
+		}
+		procs[name] = c.start(name, append(args[name], "-join", joinAllBut(""),
+			"-lock", target.key, "-loop", "1000000", "-hold", "50ms")...)
+		c.await(20*time.Second, name+" ready again", readyOf(procs[name]))
+	}
+	last := map[*proc]uint64{}
+	seen := map[uint64]string{}
+	grants := func(n int, within time.Duration, what string) {
+		t.Helper()
+		got := map[*proc]int{}
+		deadline := time.Now().Add(within)
+		for got[procs["n4"]] < n || got[procs["n5"]] < n {
+			e := c.await(time.Until(deadline), what, prefix("acquired "+target.key+" "))
+			tok := token(t, e)
+			if tok <= last[e.p] {
+				t.Fatalf("%s got token %d after token %d", e.p.name, tok, last[e.p])
+			}
+			if other, dup := seen[tok]; dup {
+				t.Fatalf("%s and %s both got token %d", other, e.p.name, tok)
+			}
+			last[e.p], seen[tok] = tok, e.p.name
+			got[e.p]++
+		}
+	}
+	grants(2, 20*time.Second, "n4 and n5 to acquire "+target.key+" twice each")
+
+	// Crash two of the three original servers.
+	crashed := time.Now()
+	for _, v := range victims {
+		c.kill(procs[v])
+	}
+	grants(3, 20*time.Second, fmt.Sprintf("n4 and n5 to acquire %s three times each with %v crashed", target.key, victims))
+	t.Logf("with %v crashed, n4 and n5 acquired %s 3 times each within %v", victims, target.key, time.Since(crashed).Round(time.Millisecond))
 }
