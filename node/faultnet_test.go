@@ -143,6 +143,9 @@ type faultPeer struct {
 	clock *faultClock
 	gate  gate
 	cur   atomic.Pointer[Node]
+	// left is set when the peer is asked to Leave: its workers stop at
+	// the first ErrClosed instead of waiting for a restart.
+	left atomic.Bool
 }
 
 func (p *faultPeer) node() *Node { return p.cur.Load() }
@@ -155,8 +158,20 @@ type faultCluster struct {
 	t         testing.TB
 	net       *faultnet.Network
 	gossipNet *faultnet.Network
-	peers     []*faultPeer
-	opts      faultOpts
+	// peers are the current members; retired ones were asked to leave and
+	// are only closed at cleanup. Both change on the test goroutine alone.
+	peers   []*faultPeer
+	retired []*faultPeer
+	opts    faultOpts
+	seq     int64
+	started int // peers ever created, for naming
+
+	// addrMu guards the address-to-peer maps the fault network resolves
+	// through: peers added to a running cluster extend them.
+	addrMu     sync.Mutex
+	raftPeer   map[string]string
+	rpcPeer    map[string]string
+	gossipPeer map[string]string
 }
 
 type faultOpts struct {
@@ -180,57 +195,24 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 	if o.ttl == 0 {
 		o.ttl = time.Second
 	}
-	fc := &faultCluster{t: t, net: faultnet.New(), gossipNet: faultnet.New(), opts: o}
-	seq := faultClusterSeq.Add(1)
-	raftPeer := map[string]string{}
-	rpcPeer := map[string]string{}
-	gossipPeer := map[string]string{}
-	var gossip []string
+	fc := &faultCluster{t: t, net: faultnet.New(), gossipNet: faultnet.New(), opts: o,
+		seq: faultClusterSeq.Add(1), raftPeer: map[string]string{}, rpcPeer: map[string]string{}, gossipPeer: map[string]string{}}
 	for i := 0; i < o.peers; i++ {
-		name := fmt.Sprintf("peer-%d", i+1)
-		cfg := Config{
-			Name:              name,
-			DataDir:           "/data/" + name,
-			GossipAddr:        freeAddr(t),
-			RaftAddr:          fmt.Sprintf("fault%d-%s:1", seq, name),
-			RPCAddr:           freeAddr(t),
-			BootstrapExpect:   o.peers,
-			Shards:            o.shards,
-			ReplicationFactor: 3,
-			SessionTTL:        o.ttl,
-			RTT:               10 * time.Millisecond,
-			Logger:            testLogger(),
-			FS:                vfs.NewMem(),
-		}
-		raftPeer[cfg.RaftAddr] = name
-		rpcPeer[cfg.RPCAddr] = name
-		gossipPeer[cfg.GossipAddr] = name
-		gossip = append(gossip, cfg.GossipAddr)
-		fc.peers = append(fc.peers, &faultPeer{name: name, cfg: cfg, clock: &faultClock{}})
+		fc.peers = append(fc.peers, fc.newPeer(o.peers))
 	}
-	// The maps are complete before any peer starts and never change: every
-	// address is fixed across restarts.
-	for i, p := range fc.peers {
-		p.cfg.Join = append(append([]string(nil), gossip[:i]...), gossip[i+1:]...)
-		p.cfg.raftTransport = fc.net.RaftTransportFactory(p.name, func(addr string) string { return raftPeer[addr] })
-		p.cfg.rpcDial = fc.net.Dialer(p.name, func(addr string) string { return rpcPeer[addr] })
-		p.cfg.gossipTransport = func(bindAddr string) (memberlist.NodeAwareTransport, error) {
-			inner, err := newGossipTransport(bindAddr)
-			if err != nil {
-				return nil, err
+	// Every peer joins through all the others; its addresses are fixed
+	// across restarts.
+	for _, p := range fc.peers {
+		for _, q := range fc.peers {
+			if q != p {
+				p.cfg.Join = append(p.cfg.Join, q.cfg.GossipAddr)
 			}
-			peerOf := func(addr string) string { return gossipPeer[addr] }
-			return fc.gossipNet.GossipTransport(p.name, fc.net.GossipTransport(p.name, inner, peerOf), peerOf), nil
-		}
-		p.cfg.Clock = p.clock
-		if o.mutate != nil {
-			o.mutate(&p.cfg)
 		}
 	}
 	t.Cleanup(func() {
 		fc.net.Heal()
 		fc.gossipNet.Heal()
-		for _, p := range fc.peers {
+		for _, p := range append(append([]*faultPeer(nil), fc.peers...), fc.retired...) {
 			p.clock.Reset()
 			p.gate.open()
 			if n := p.node(); n != nil {
@@ -245,6 +227,90 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 		fc.waitReady(p)
 	}
 	return fc
+}
+
+// newPeer configures the next peer, peer-<n>, with every fault hook: Raft,
+// RPC and gossip through the fault networks, the fault clock, an in-memory
+// disk. bootstrapExpect 0 makes a peer that joins a running cluster; the
+// caller sets Join.
+func (fc *faultCluster) newPeer(bootstrapExpect int) *faultPeer {
+	t, o := fc.t, fc.opts
+	t.Helper()
+	fc.started++
+	name := fmt.Sprintf("peer-%d", fc.started)
+	p := &faultPeer{name: name, clock: &faultClock{}}
+	p.cfg = Config{
+		Name:              name,
+		DataDir:           "/data/" + name,
+		GossipAddr:        freeAddr(t),
+		RaftAddr:          fmt.Sprintf("fault%d-%s:1", fc.seq, name),
+		RPCAddr:           freeAddr(t),
+		BootstrapExpect:   bootstrapExpect,
+		Shards:            o.shards,
+		ReplicationFactor: 3,
+		SessionTTL:        o.ttl,
+		RTT:               10 * time.Millisecond,
+		Logger:            testLogger(),
+		FS:                vfs.NewMem(),
+		Clock:             p.clock,
+	}
+	fc.addrMu.Lock()
+	fc.raftPeer[p.cfg.RaftAddr] = name
+	fc.rpcPeer[p.cfg.RPCAddr] = name
+	fc.gossipPeer[p.cfg.GossipAddr] = name
+	fc.addrMu.Unlock()
+	p.cfg.raftTransport = fc.net.RaftTransportFactory(name, func(addr string) string { return fc.peerOf(fc.raftPeer, addr) })
+	p.cfg.rpcDial = fc.net.Dialer(name, func(addr string) string { return fc.peerOf(fc.rpcPeer, addr) })
+	p.cfg.gossipTransport = func(bindAddr string) (memberlist.NodeAwareTransport, error) {
+		inner, err := newGossipTransport(bindAddr)
+		if err != nil {
+			return nil, err
+		}
+		peerOf := func(addr string) string { return fc.peerOf(fc.gossipPeer, addr) }
+		return fc.gossipNet.GossipTransport(name, fc.net.GossipTransport(name, inner, peerOf), peerOf), nil
+	}
+	if o.mutate != nil {
+		o.mutate(&p.cfg)
+	}
+	return p
+}
+
+func (fc *faultCluster) peerOf(m map[string]string, addr string) string {
+	fc.addrMu.Lock()
+	defer fc.addrMu.Unlock()
+	return m[addr]
+}
+
+// addPeer starts a new peer that joins the running cluster through the
+// current members (BootstrapExpect 0), waits until it is ready and makes it
+// a member of fc. Call it from the test goroutine.
+func (fc *faultCluster) addPeer() *faultPeer {
+	fc.t.Helper()
+	p := fc.newPeer(0)
+	for _, q := range fc.peers {
+		p.cfg.Join = append(p.cfg.Join, q.cfg.GossipAddr)
+	}
+	// Registered before it starts, so cleanup closes it even if it never
+	// becomes ready.
+	fc.peers = append(fc.peers, p)
+	fc.start(p)
+	fc.waitReady(p)
+	return p
+}
+
+// leave makes p leave gracefully (Node.Leave: its replicas move away, then
+// it closes) and takes it out of fc's members; its workers stop at their
+// next ErrClosed. Call it from the test goroutine.
+func (fc *faultCluster) leave(ctx context.Context, p *faultPeer) error {
+	p.left.Store(true)
+	for i, q := range fc.peers {
+		if q == p {
+			fc.peers = append(fc.peers[:i:i], fc.peers[i+1:]...)
+			break
+		}
+	}
+	fc.retired = append(fc.retired, p)
+	return p.node().Leave(ctx)
 }
 
 // newGossipTransport is memberlist's own UDP/TCP transport on bindAddr,
@@ -352,13 +418,15 @@ func (fc *faultCluster) leaderCounts() map[string]int {
 
 // mostLeading and leastLeading pick the peer leading the most (fewest)
 // shards.
-func (fc *faultCluster) mostLeading() *faultPeer  { return fc.pickByLeads(true) }
-func (fc *faultCluster) leastLeading() *faultPeer { return fc.pickByLeads(false) }
+func (fc *faultCluster) mostLeading() *faultPeer  { return fc.pickByLeads(fc.peers, true) }
+func (fc *faultCluster) leastLeading() *faultPeer { return fc.pickByLeads(fc.peers, false) }
 
-func (fc *faultCluster) pickByLeads(most bool) *faultPeer {
+// pickByLeads picks, among candidates, the peer leading the most (fewest)
+// shards.
+func (fc *faultCluster) pickByLeads(candidates []*faultPeer, most bool) *faultPeer {
 	counts := fc.leaderCounts()
-	best := fc.peers[0]
-	for _, p := range fc.peers[1:] {
+	best := candidates[0]
+	for _, p := range candidates[1:] {
 		if (most && counts[p.name] > counts[best.name]) || (!most && counts[p.name] < counts[best.name]) {
 			best = p
 		}

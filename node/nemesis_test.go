@@ -172,6 +172,7 @@ type loadRun struct {
 	mu     sync.Mutex
 	grants []grant
 	extra  []string // violations found by nemeses and the liveness check
+	wg     sync.WaitGroup
 }
 
 func newLoadRun(fc *faultCluster) *loadRun {
@@ -192,23 +193,31 @@ func (lr *loadRun) violate(format string, args ...any) {
 
 // start runs workers on every peer until ctx ends.
 func (lr *loadRun) start(ctx context.Context) *sync.WaitGroup {
-	var wg sync.WaitGroup
 	for _, p := range lr.fc.peers {
-		for w := 0; w < nemesisWorkers; w++ {
-			who := fmt.Sprintf("%s/w%d", p.name, w)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					key := nemesisKeys[rand.IntN(len(nemesisKeys))]
-					if err := lr.once(ctx, p, who, key, 3*time.Second); errors.Is(err, ErrClosed) {
-						time.Sleep(20 * time.Millisecond) // killed: wait for the restart
-					}
-				}
-			}()
-		}
+		lr.startWorkers(ctx, p)
 	}
-	return &wg
+	return &lr.wg
+}
+
+// startWorkers runs p's workers until ctx ends or, once p was asked to
+// leave, until p is closed.
+func (lr *loadRun) startWorkers(ctx context.Context, p *faultPeer) {
+	for w := 0; w < nemesisWorkers; w++ {
+		who := fmt.Sprintf("%s/w%d", p.name, w)
+		lr.wg.Add(1)
+		go func() {
+			defer lr.wg.Done()
+			for ctx.Err() == nil {
+				key := nemesisKeys[rand.IntN(len(nemesisKeys))]
+				if err := lr.once(ctx, p, who, key, 3*time.Second); errors.Is(err, ErrClosed) {
+					if p.left.Load() {
+						return // left the cluster: this worker's process is gone
+					}
+					time.Sleep(20 * time.Millisecond) // killed: wait for the restart
+				}
+			}
+		}()
+	}
 }
 
 // once locks key on p, goes inside the resource, and unlocks, recording
@@ -493,6 +502,132 @@ var nemeses = []nemesis{
 			lr.violate("snapshot: %s caught up without receiving any snapshot chunk; the nemesis did not exercise snapshot transfer", victim.name)
 		}
 	}},
+	{name: "membership", inject: injectMembership,
+		knownIssue: "Node.Close (the end of Leave) commits each session's close, handing its locks to waiters, before it marks the session lost locally " +
+			"(closeSessions in session.go): for that window the closing peer's holders, and a grant that arrives in it, see Done() open while the next holder is inside"},
+}
+
+// membershipWithin bounds one round of the membership nemesis: two peers
+// join and host replicas, an old peer drains, leaves and is forgotten.
+const membershipWithin = 20 * time.Second
+
+// membershipPeers is the cluster size the membership nemesis grows to
+// before one peer leaves.
+const membershipPeers = 5
+
+// hostsAny reports whether the layout lists name as a replica of a shard.
+func hostsAny(pl *placement, name string) bool {
+	for _, shard := range pl.shardIDs() {
+		if pl.hosts(shard, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitLayout polls the layout, read linearizably from the meta shard
+// through observer, until ok holds; it reports whether it did by deadline.
+func waitLayout(ctx context.Context, observer *faultPeer, deadline time.Time, ok func(*placement) bool) (*placement, bool) {
+	var last *placement
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		pl, err := observer.node().readMetaPlacement(rctx)
+		cancel()
+		if err == nil {
+			last = pl
+			if ok(pl) {
+				return pl, true
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return last, false
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+}
+
+// describeLayout is the layout as "shard: peers" for messages.
+func describeLayout(pl *placement) string {
+	if pl == nil {
+		return "unreadable"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "epoch %d:", pl.Epoch)
+	for _, shard := range pl.shardIDs() {
+		fmt.Fprintf(&b, " %d%v", shard, pl.hostNames(shard))
+	}
+	for _, pe := range pl.Peers {
+		if pe.Draining {
+			fmt.Fprintf(&b, " (%s draining)", pe.Name)
+		}
+	}
+	return b.String()
+}
+
+// membership grows the cluster to membershipPeers peers with peers that
+// join it under load (BootstrapExpect 0, every fault hook), waits until the
+// layout gives each of them a replica, then makes the peer leading the most
+// shards among those present before the round (the original three in the
+// first round) Leave gracefully and waits until the layout forgets it. The
+// new peers get workers too; the leaving peer's workers stop when it
+// closes. In a soak each round adds one peer and removes one.
+func injectMembership(ctx context.Context, lr *loadRun) {
+	fc := lr.fc
+	begin := time.Now()
+	deadline := begin.Add(membershipWithin)
+	before := append([]*faultPeer(nil), fc.peers...)
+	var joined []string
+	for len(fc.peers) < membershipPeers && ctx.Err() == nil {
+		p := fc.addPeer()
+		lr.startWorkers(ctx, p)
+		joined = append(joined, p.name)
+	}
+	observer := before[0]
+	pl, ok := waitLayout(ctx, observer, deadline, func(pl *placement) bool {
+		for _, name := range joined {
+			if !hostsAny(pl, name) {
+				return false
+			}
+		}
+		return true
+	})
+	if !ok {
+		lr.violate("membership: %v joined but not all host a replica %v after they started; layout %s", joined, membershipWithin, describeLayout(pl))
+		return
+	}
+	hosting := time.Since(begin)
+
+	leaving := fc.pickByLeads(before, true)
+	if leaving == observer {
+		observer = fc.peers[len(fc.peers)-1]
+	}
+	leads := fc.leaderCounts()[leaving.name]
+	lctx, cancel := context.WithDeadline(ctx, deadline)
+	leaveStart, leaveCall := time.Now(), lr.hist.now()
+	err := fc.leave(lctx, leaving)
+	leaveRet := lr.hist.now()
+	cancel()
+	if err != nil {
+		lr.violate("membership: %s did not leave within %v of the round's start: %v", leaving.name, membershipWithin, err)
+		return
+	}
+	left := time.Since(leaveStart)
+	pl, ok = waitLayout(ctx, observer, deadline, func(pl *placement) bool {
+		_, listed := pl.peer(leaving.name)
+		return !listed
+	})
+	if !ok {
+		lr.violate("membership: the layout still lists %s %v after the round started: %s", leaving.name, membershipWithin, describeLayout(pl))
+		return
+	}
+	grants := map[string]int{}
+	lr.mu.Lock()
+	for _, g := range lr.grants {
+		grants[g.peer]++
+	}
+	lr.mu.Unlock()
+	fc.t.Logf("membership: %v joined and hosted replicas in %.1fs; %s (leading %d shards) left in %.1fs (history time %.3fs-%.3fs); forgotten %.1fs after the start; grants so far by peer %v; layout %s",
+		joined, hosting.Seconds(), leaving.name, leads, left.Seconds(), time.Duration(leaveCall).Seconds(), time.Duration(leaveRet).Seconds(), time.Since(begin).Seconds(), grants, describeLayout(pl))
 }
 
 // nemesisResult is what one run checked.
