@@ -44,6 +44,10 @@ type Meta struct {
 	RPCAddr string
 	// Version is the lockmesh protocol version the peer speaks.
 	Version uint8
+	// NoReplicas marks a peer that never hosts replicas (a client-only
+	// peer): it forwards its requests to peers that do. Optional sixth
+	// field; peers that predate it read it as false.
+	NoReplicas bool
 	// Cluster is 0 until the peer belongs to a bootstrapped cluster, then
 	// that cluster's id.
 	Cluster uint64
@@ -67,12 +71,13 @@ func EncodeMeta(m Meta) ([]byte, error) {
 	buf.WriteByte(metaFormatV1)
 	enc := msgpack.NewEncoder(&buf)
 	// Writes to a bytes.Buffer cannot fail, so the errors are dropped.
-	_ = enc.EncodeArrayLen(metaFields)
+	_ = enc.EncodeArrayLen(metaFields + 1)
 	_ = enc.EncodeString(m.NodeHostID)
 	_ = enc.EncodeString(m.RaftAddr)
 	_ = enc.EncodeString(m.RPCAddr)
 	_ = enc.EncodeUint(uint64(m.Version))
 	_ = enc.EncodeUint(m.Cluster)
+	_ = enc.EncodeBool(m.NoReplicas)
 	if buf.Len() > MaxMetaSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMetaTooLarge, buf.Len(), MaxMetaSize)
 	}
@@ -122,7 +127,14 @@ func DecodeMeta(b []byte) (Meta, error) {
 	if m.Cluster, err = decodeMetaUint(dec); err != nil {
 		return Meta{}, fmt.Errorf("%w: Cluster: %v", ErrBadMeta, err)
 	}
-	for i := metaFields; i < n; i++ {
+	known := metaFields
+	if n > metaFields {
+		if m.NoReplicas, err = dec.DecodeBool(); err != nil {
+			return Meta{}, fmt.Errorf("%w: NoReplicas: %v", ErrBadMeta, err)
+		}
+		known++
+	}
+	for i := known; i < n; i++ {
 		// Each skipped element consumes at least one byte, and the input
 		// is at most MaxMetaSize, so this ends quickly on garbage.
 		if err := dec.Skip(); err != nil {

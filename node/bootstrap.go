@@ -59,7 +59,9 @@ func (n *Node) bootstrapStep() error {
 		if m.Meta.Cluster != 0 && m.Name != n.cfg.Name {
 			return n.fetchPlacement(m)
 		}
-		free = append(free, m)
+		if !m.Meta.NoReplicas {
+			free = append(free, m)
+		}
 	}
 	if n.cfg.BootstrapExpect == 0 || len(free) < n.cfg.BootstrapExpect {
 		return nil
@@ -208,7 +210,17 @@ func (n *Node) localMeta() mesh.Meta {
 	if m, ok := n.mesh.Member(n.cfg.Name); ok {
 		return m.Meta
 	}
-	return mesh.Meta{NodeHostID: n.nh.ID(), RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion}
+	return n.baseMeta()
+}
+
+// baseMeta is what this peer gossips about itself before it belongs to a
+// cluster.
+func (n *Node) baseMeta() mesh.Meta {
+	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion, NoReplicas: n.cfg.NoReplicas}
+	if n.nh != nil {
+		m.NodeHostID = n.nh.ID()
+	}
+	return m
 }
 
 // publishPlacement writes p into the meta shard (a no-op if a placement of

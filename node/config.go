@@ -61,6 +61,11 @@ type Config struct {
 	// RTT is the expected round trip between peers; Raft heartbeats happen
 	// every RTT and elections after 10 RTT (default 100ms).
 	RTT time.Duration
+	// NoReplicas makes this a client-only peer: it never hosts replicas and
+	// forwards its requests to peers that do (like a Consul client agent).
+	// Use it for short-lived or numerous processes that should not carry
+	// lock state. It needs Join and no BootstrapExpect.
+	NoReplicas bool
 	// DeadAfter is how long a peer may be unreachable (by gossip) before
 	// the cluster replaces its replicas on other peers (default 30s). A
 	// peer that comes back later joins again as a new peer.
@@ -191,6 +196,9 @@ func (c Config) Validate() error {
 	}
 	if c.BootstrapExpect < 0 {
 		return bad("BootstrapExpect %d is negative", c.BootstrapExpect)
+	}
+	if c.NoReplicas && (c.BootstrapExpect != 0 || len(c.Join) == 0) {
+		return bad("NoReplicas needs Join and no BootstrapExpect: a client-only peer joins an existing cluster")
 	}
 	if c.BootstrapExpect == 0 && len(c.Join) == 0 {
 		return bad("set BootstrapExpect to create a cluster or Join to join one")

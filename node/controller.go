@@ -82,7 +82,7 @@ func (n *Node) controlStep() error {
 
 	// 1. Admit new peers.
 	for name, m := range alive {
-		if _, ok := p.peer(name); ok || (m.Meta.Cluster != 0 && m.Meta.Cluster != p.ClusterID) {
+		if _, ok := p.peer(name); ok || m.Meta.NoReplicas || (m.Meta.Cluster != 0 && m.Meta.Cluster != p.ClusterID) {
 			continue
 		}
 		q := p.next()

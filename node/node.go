@@ -124,7 +124,7 @@ func (n *Node) open(ctx context.Context) error {
 		Name:      cfg.Name,
 		BindAddr:  cfg.GossipAddr,
 		SecretKey: cfg.GossipKey,
-		Meta:      mesh.Meta{RaftAddr: cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion},
+		Meta:      n.baseMeta(),
 		Local:     isLoopback(cfg.GossipAddr),
 		Logger:    n.log.With("component", "gossip"),
 	}
@@ -159,7 +159,7 @@ func (n *Node) open(ctx context.Context) error {
 	if n.nh, err = dragonboat.NewNodeHost(nhc); err != nil {
 		return fmt.Errorf("start raft on %s: %w", cfg.RaftAddr, err)
 	}
-	meta := mesh.Meta{NodeHostID: n.nh.ID(), RaftAddr: cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion}
+	meta := n.baseMeta()
 	if p, err := n.loadRecord(); err != nil {
 		return err
 	} else if p != nil {

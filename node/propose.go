@@ -139,7 +139,10 @@ func (b *batcher) commit(batch []*pending) {
 	}
 }
 
-func (n *Node) proposalTimeout() time.Duration { return 40 * n.cfg.RTT }
+// proposalTimeout bounds one try of a proposal or read. A proposal that
+// Raft dropped (a leader change or transfer) is only known lost when this
+// runs out, so it is kept short: the retry is idempotent.
+func (n *Node) proposalTimeout() time.Duration { return max(10*n.cfg.RTT, 500*time.Millisecond) }
 
 // apply runs one command on its shard and returns its result. A command
 // whose outcome is unknown (timeout, lost connection, leader change) is

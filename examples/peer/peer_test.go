@@ -153,7 +153,7 @@ func testProcesses(t *testing.T, bin string, crashLeader bool) {
 		c.await(30*time.Second, "a server ready", prefix("ready"))
 	}
 	for _, cl := range clients[:2] {
-		procs[cl] = c.start(cl, append(args[cl], "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
+		procs[cl] = c.start(cl, append(args[cl], "-client", "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
 	}
 
 	// One client gets the lock; the other queues behind it.
@@ -208,7 +208,7 @@ func testProcesses(t *testing.T, bin string, crashLeader bool) {
 	t.Logf("crashing server %s", victim.name)
 	serverDown := time.Now()
 	c.kill(victim)
-	third := c.start("c3", append(args["c3"], "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
+	third := c.start("c3", append(args["c3"], "-client", "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
 	c.await(20*time.Second, "c3 ready with "+victim.name+" down", func(e event) bool { return e.p == third && strings.HasPrefix(e.line, "ready") })
 	c.quiet(max(2*time.Second, 3*time.Second-time.Since(serverDown)), "a change of holder with "+victim.name+" down", prefix("acquired"))
 
