@@ -502,9 +502,7 @@ var nemeses = []nemesis{
 			lr.violate("snapshot: %s caught up without receiving any snapshot chunk; the nemesis did not exercise snapshot transfer", victim.name)
 		}
 	}},
-	{name: "membership", inject: injectMembership,
-		knownIssue: "Node.Close (the end of Leave) commits each session's close, handing its locks to waiters, before it marks the session lost locally " +
-			"(closeSessions in session.go): for that window the closing peer's holders, and a grant that arrives in it, see Done() open while the next holder is inside"},
+	{name: "membership", inject: injectMembership},
 }
 
 // membershipWithin bounds one round of the membership nemesis: two peers

@@ -253,10 +253,12 @@ func (n *Node) closeSessions() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Locally first: the holders here must see Done closed before
+			// the cluster hands their locks to someone else.
+			s.lose(fmt.Errorf("%w: node closed", ErrClosed))
 			ctx, cancel := context.WithTimeout(n.ctx, 20*n.cfg.RTT)
 			defer cancel()
 			_, _ = n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCloseSession, Session: s.id})
-			s.lose(fmt.Errorf("%w: node closed", ErrClosed))
 		}()
 	}
 	wg.Wait()
