@@ -162,11 +162,15 @@ func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
 	var lastErr error = errNotReady
 	if n.hostsShard(metaShardID) {
-		if p, err := n.readLocalPlacement(ctx); err == nil {
+		// A short try: a replica that is still joining, or was just
+		// removed from the shard, would spend the whole budget waiting.
+		lctx, cancel := context.WithTimeout(ctx, n.proposalTimeout()/2)
+		p, err := n.readLocalPlacement(lctx)
+		cancel()
+		if err == nil {
 			return p, nil
-		} else {
-			lastErr = err
 		}
+		lastErr = err
 	}
 	p := n.placement.Load()
 	if p == nil {
@@ -225,7 +229,7 @@ func (n *Node) proposePlacement(ctx context.Context, q *placement) error {
 		return err
 	}
 	if r.Value != q.Epoch {
-		return fmt.Errorf("layout changed concurrently (epoch %d, wanted %d)", r.Value, q.Epoch)
+		return fmt.Errorf("layout changed concurrently: epoch %d was already written; will retry from the new layout", q.Epoch)
 	}
 	return nil
 }
@@ -238,7 +242,7 @@ func (n *Node) placementLoop() {
 		if cur == nil {
 			return
 		}
-		ctx, cancel := context.WithTimeout(n.ctx, n.proposalTimeout())
+		ctx, cancel := context.WithTimeout(n.ctx, 2*n.proposalTimeout())
 		q, err := n.readMetaPlacement(ctx)
 		cancel()
 		if err != nil || q.Epoch <= cur.Epoch || q.ClusterID != cur.ClusterID {
