@@ -136,6 +136,17 @@ func TestScaleOutAndIn(t *testing.T) {
 	st := waitBalanced(t, peers, 60*time.Second)
 	t.Logf("killed peer-8 replaced in %v; replicas %v leaders %v", time.Since(started).Round(time.Millisecond), st.replicas, st.leaders)
 
+	// A third peer leaves gracefully: 6 remain.
+	lctx, lcancel = context.WithTimeout(context.Background(), 60*time.Second)
+	started = time.Now()
+	if err := peers[6].node.Leave(lctx); err != nil {
+		t.Fatalf("leave peer-7: %v", err)
+	}
+	lcancel()
+	peers = peers[:6]
+	st = waitBalanced(t, peers, 60*time.Second)
+	t.Logf("peer-7 left and the rest balanced in %v; replicas %v leaders %v", time.Since(started).Round(time.Millisecond), st.replicas, st.leaders)
+
 	cancel()
 	load.Wait()
 	c.check(t)
