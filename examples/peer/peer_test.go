@@ -644,3 +644,147 @@ func TestProcessesGrow(t *testing.T) {
 	grants(3, 20*time.Second, fmt.Sprintf("n4 and n5 to acquire %s three times each with %v crashed", target.key, victims))
 	t.Logf("with %v crashed, n4 and n5 acquired %s 3 times each within %v", victims, target.key, time.Since(crashed).Round(time.Millisecond))
 }
+
+// TestProcessesPause pauses the holder of a lock (SIGSTOP) for three
+// session TTLs: its keepalives stop, so the cluster expires its session
+// and grants the lock to the waiting client with a higher token while the
+// holder is still stopped. Once resumed (SIGCONT), the holder must report
+// the lock lost promptly, since its lease deadline passed while it was
+// stopped, and must print nothing else about the lock meanwhile.
+func TestProcessesPause(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the program and runs 5 peer processes")
+	}
+	const ttl = 2 * time.Second
+	bin := filepath.Join(t.TempDir(), "peer")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	c := newCluster(t, bin)
+	servers := []string{"s1", "s2", "s3"}
+	clients := []string{"c1", "c2"}
+	addrs := freeAddrs(t, 3*(len(servers)+len(clients)))
+	gossip := map[string]string{}
+	args := map[string][]string{}
+	for i, name := range append(append([]string(nil), servers...), clients...) {
+		gossip[name] = addrs[3*i]
+		args[name] = []string{"-name", name, "-data", filepath.Join(c.dir, name),
+			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
+			"-rtt", "10ms", "-ttl", ttl.String(), "-shards", "4", "-log-level", "info"}
+	}
+	joinAllBut := func(self string) string {
+		var j []string
+		for _, s := range servers {
+			if s != self {
+				j = append(j, gossip[s])
+			}
+		}
+		return strings.Join(j, ",")
+	}
+
+	procs := map[string]*proc{}
+	for _, s := range servers {
+		procs[s] = c.start(s, append(args[s], "-expect", "3", "-join", joinAllBut(s))...)
+	}
+	for range servers {
+		c.await(30*time.Second, "a server ready", prefix("ready"))
+	}
+	for _, cl := range clients {
+		procs[cl] = c.start(cl, append(args[cl], "-client", "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
+	}
+	// Registered after newCluster's cleanup, so it runs before it: every
+	// process is resumed before it is killed. SIGCONT to a running process
+	// does nothing.
+	t.Cleanup(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, p := range c.procs {
+			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	})
+
+	// Both clients ready (in either order) and one of them holding job.
+	var first event
+	ready := map[*proc]bool{}
+	for first.p == nil || len(ready) < len(clients) {
+		e := c.await(20*time.Second, "both clients ready and one holding job", func(e event) bool {
+			return strings.HasPrefix(e.line, "ready") || strings.HasPrefix(e.line, "acquired job")
+		})
+		if strings.HasPrefix(e.line, "ready") {
+			ready[e.p] = true
+		} else if first.p != nil {
+			t.Fatalf("%s acquired job while %s holds it: %q", e.p.name, first.p.name, e.line)
+		} else {
+			first = e
+		}
+	}
+	holder := first.p
+	tok1 := token(t, first)
+	waiter := procs["c1"]
+	if holder == waiter {
+		waiter = procs["c2"]
+	}
+
+	// Pause the holder for 3×TTL. The waiter must be granted the lock with
+	// a higher token while the holder is stopped; no process may print
+	// anything else about the lock.
+	if err := syscall.Kill(holder.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP %s: %v", holder.name, err)
+	}
+	stopped := time.Now()
+	t.Logf("stopped %s, holding job with token %d", holder.name, tok1)
+	resumeAt := stopped.Add(3 * ttl)
+	grantBy := time.After(10 * time.Second)
+	var granted *event
+	for granted == nil || time.Now().Before(resumeAt) {
+		var wake <-chan time.Time
+		if granted != nil {
+			wake = time.After(time.Until(resumeAt))
+		}
+		select {
+		case e := <-c.events:
+			t.Logf("%s: %s", e.p.name, e.line)
+			if e.p == waiter && strings.HasPrefix(e.line, "acquired job") && granted == nil {
+				granted = &e
+				continue
+			}
+			t.Fatalf("while %s was stopped: %s printed %q", holder.name, e.p.name, e.line)
+		case <-grantBy:
+			if granted == nil {
+				t.Fatalf("%s was not granted job within 10s of stopping %s", waiter.name, holder.name)
+			}
+		case <-wake:
+		}
+	}
+	tok2 := token(t, *granted)
+	t.Logf("%s acquired job with token %d %v after %s was stopped", waiter.name, tok2,
+		granted.at.Sub(stopped).Round(time.Millisecond), holder.name)
+	if tok2 <= tok1 {
+		t.Errorf("token %d granted while %s was stopped is not above its token %d", tok2, holder.name, tok1)
+	}
+
+	// Resume the holder: its lease deadline is long past, so it must print
+	// that it lost the lock, and nothing else.
+	if err := syscall.Kill(holder.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+		t.Fatalf("SIGCONT %s: %v", holder.name, err)
+	}
+	resumed := time.Now()
+	t.Logf("resumed %s after %v", holder.name, resumed.Sub(stopped).Round(time.Millisecond))
+	lostBy := time.After(5 * time.Second)
+	for lost := false; !lost; {
+		select {
+		case e := <-c.events:
+			t.Logf("%s: %s", e.p.name, e.line)
+			if e.p != holder || !strings.HasPrefix(e.line, "lost job: ") {
+				t.Fatalf("after resuming %s: %s printed %q, want only %s to print \"lost job: ...\"", holder.name, e.p.name, e.line, holder.name)
+			}
+			lost = true
+			t.Logf("%s reported job lost %v after SIGCONT", holder.name, e.at.Sub(resumed).Round(time.Millisecond))
+		case <-lostBy:
+			t.Fatalf("%s printed no \"lost job\" line within 5s of SIGCONT; its stderr, last lines:\n%s", holder.name, holder.stderr.tail(40))
+		}
+	}
+	// Nobody else changes hands or loses anything for a moment after.
+	c.quiet(time.Second, "after "+holder.name+" reported job lost", func(event) bool { return true })
+}
