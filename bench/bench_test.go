@@ -3,6 +3,9 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +112,69 @@ func TestQuantiles(t *testing.T) {
 	if q := quantiles(nil, 0.5); q[0] != 0 {
 		t.Errorf("empty: %v", q)
 	}
+}
+
+// TestSmokeLockmesh3Proc runs lockmesh-3proc (3 peer processes, workers on a
+// client-only node in the test process) for about a second per run: it
+// must build and start the peers, make progress without errors or
+// violations, and leave no server process behind.
+func TestSmokeLockmesh3Proc(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds examples/peer and starts 3 peer processes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var progress bytes.Buffer
+	var pids []int
+	Register("lockmesh-3proc-smoke", func(env Env) (System, error) {
+		s, err := newLockmesh3Proc(env)
+		if err != nil {
+			return nil, err
+		}
+		return pidRecorder{s, &pids}, nil
+	})
+	results, err := Run(ctx, Options{
+		Systems:     []string{"lockmesh-3proc-smoke"},
+		Workloads:   []string{"uncontended", "contended"},
+		Concurrency: []int{4},
+		Duration:    time.Second,
+		Warmup:      200 * time.Millisecond,
+		Progress:    &progress,
+	})
+	if err == nil && len(results) == 0 && strings.Contains(progress.String(), "skipping ") {
+		t.Skipf("%s", progress.String()) // no go command or no module source
+	}
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, progress.String())
+	}
+	if len(results) != 2 {
+		t.Fatalf("got %d results, want 2\n%s", len(results), progress.String())
+	}
+	for _, r := range results {
+		if r.Ops == 0 || r.Violations != 0 || r.Errors != 0 || r.Fencing != "checked" {
+			t.Errorf("%s c=%d: ops %d, errors %d (%s), violations %d (%s), fencing %s",
+				r.Workload, r.Concurrency, r.Ops, r.Errors, r.FirstError, r.Violations, r.FirstViolation, r.Fencing)
+		}
+	}
+	if len(pids) != 3 {
+		t.Fatalf("server pids %v, want 3", pids)
+	}
+	for _, pid := range pids {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil && runtime.GOOS == "linux" {
+			t.Errorf("server process %d still running after Stop", pid)
+		}
+	}
+}
+
+// pidRecorder remembers the server pids a system reported, to check after
+// the run that they are gone.
+type pidRecorder struct {
+	System
+	pids *[]int
+}
+
+func (p pidRecorder) PIDs() []int {
+	pids := p.System.PIDs()
+	*p.pids = pids
+	return pids
 }
