@@ -22,6 +22,7 @@ type testPeer struct {
 type clusterOpts struct {
 	peers, expect, shards, rf int
 	ttl                       time.Duration
+	deadAfter                 time.Duration // 0: the default
 }
 
 func freeAddr(t testing.TB) string {
@@ -52,6 +53,7 @@ func testConfig(t testing.TB, name string, o clusterOpts) Config {
 		Shards:            o.shards,
 		ReplicationFactor: o.rf,
 		SessionTTL:        o.ttl,
+		DeadAfter:         o.deadAfter,
 		RTT:               10 * time.Millisecond,
 		Logger:            testLogger(),
 		FS:                vfs.NewMem(),

@@ -92,11 +92,8 @@ func TestScaleOutAndIn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("grows a cluster to 9 peers")
 	}
-	o := clusterOpts{peers: 3, rf: 3, shards: 16, ttl: 2 * time.Second}
+	o := clusterOpts{peers: 3, rf: 3, shards: 16, ttl: 2 * time.Second, deadAfter: 2 * time.Second}
 	peers := startCluster(t, o)
-	for _, p := range peers {
-		p.cfg.DeadAfter = 2 * time.Second
-	}
 	c := newChecker()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -108,7 +105,6 @@ func TestScaleOutAndIn(t *testing.T) {
 		cfg := testConfig(t, fmt.Sprintf("peer-%d", i), o)
 		cfg.BootstrapExpect = 0
 		cfg.Join = []string{seed}
-		cfg.DeadAfter = 2 * time.Second
 		p := &testPeer{cfg: cfg}
 		p.start(t)
 		t.Cleanup(p.stop)
@@ -154,4 +150,71 @@ func TestScaleOutAndIn(t *testing.T) {
 		t.Fatalf("only %d grants during the whole scale-out", c.grants.Load())
 	}
 	t.Logf("%d grants checked", c.grants.Load())
+}
+
+// A peer dead for longer than DeadAfter has its replicas replaced and is
+// forgotten; when it comes back on its old data dir it joins again as a new
+// peer, with new replica ids, and its old replicas never rejoin their shards.
+func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a dead peer to be replaced")
+	}
+	o := clusterOpts{peers: 3, rf: 3, shards: 4, ttl: 2 * time.Second, deadAfter: time.Second}
+	peers := startCluster(t, o)
+	cfg := testConfig(t, "peer-4", o)
+	cfg.BootstrapExpect = 0
+	cfg.Join = []string{peers[0].node.GossipAddr()}
+	late := &testPeer{cfg: cfg}
+	late.start(t)
+	t.Cleanup(late.stop)
+	late.waitReady(t)
+	all := append(append([]*testPeer(nil), peers...), late)
+	waitBalanced(t, all, 60*time.Second)
+	before := map[uint64]uint64{}
+	late.node.runMu.Lock()
+	for shard, id := range late.node.running {
+		before[shard] = id
+	}
+	late.node.runMu.Unlock()
+	if len(before) == 0 {
+		t.Fatal("peer-4 was given no replicas")
+	}
+
+	late.node.kill()
+	ctx := ctxT(t, 60*time.Second)
+	for {
+		p, err := peers[0].node.readMetaPlacement(ctx)
+		if err == nil {
+			if _, listed := p.peer("peer-4"); !listed {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatal("dead peer-4 was never forgotten")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	late.start(t) // same name, same data dir
+	late.waitReady(t)
+	waitBalanced(t, all, 60*time.Second)
+	p, err := peers[0].node.readMetaPlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for shard, old := range before {
+		if r, ok := p.replica(shard, "peer-4"); ok && r.ID == old {
+			t.Fatalf("shard %d lists peer-4's old replica %d again", shard, old)
+		}
+	}
+	late.node.runMu.Lock()
+	defer late.node.runMu.Unlock()
+	for shard, id := range late.node.running {
+		if before[shard] == id {
+			t.Fatalf("peer-4 runs its old replica %d of shard %d again", id, shard)
+		}
+	}
+	if len(late.node.running) == 0 {
+		t.Fatal("returning peer-4 was given no replicas")
+	}
 }
