@@ -126,24 +126,7 @@ func testProcesses(t *testing.T, bin string, crashLeader bool) {
 	c := newCluster(t, bin)
 	servers := []string{"s1", "s2", "s3"}
 	clients := []string{"c1", "c2", "c3"}
-	addrs := freeAddrs(t, 3*(len(servers)+len(clients)))
-	gossip := map[string]string{}
-	args := map[string][]string{}
-	for i, name := range append(append([]string(nil), servers...), clients...) {
-		gossip[name] = addrs[3*i]
-		args[name] = []string{"-name", name, "-data", filepath.Join(c.dir, name),
-			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
-			"-rtt", "10ms", "-ttl", ttl.String(), "-shards", "4", "-log-level", "info"}
-	}
-	joinAllBut := func(self string) string {
-		var j []string
-		for _, s := range servers {
-			if s != self {
-				j = append(j, gossip[s])
-			}
-		}
-		return strings.Join(j, ",")
-	}
+	args, joinAllBut := c.layout(t, servers, clients, ttl.String())
 
 	procs := map[string]*proc{}
 	for _, s := range servers {
@@ -388,6 +371,34 @@ func token(t *testing.T, e event) uint64 {
 
 // freeAddrs returns n distinct loopback addresses whose ports are free for
 // both TCP and UDP (gossip uses both), holding each until all are picked.
+// layout gives each server and other process its flags (free loopback
+// ports, a data dir under the cluster's, RTT 10ms, 4 shards, ttl) and
+// returns them with joinAllBut, which lists the servers' gossip addresses
+// except self's.
+func (c *cluster) layout(t *testing.T, servers, others []string, ttl string) (args map[string][]string, joinAllBut func(self string) string) {
+	t.Helper()
+	names := append(append([]string(nil), servers...), others...)
+	addrs := freeAddrs(t, 3*len(names))
+	gossip := map[string]string{}
+	args = map[string][]string{}
+	for i, name := range names {
+		gossip[name] = addrs[3*i]
+		args[name] = []string{"-name", name, "-data", filepath.Join(c.dir, name),
+			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
+			"-rtt", "10ms", "-ttl", ttl, "-shards", "4", "-log-level", "info"}
+	}
+	joinAllBut = func(self string) string {
+		var j []string
+		for _, s := range servers {
+			if s != self {
+				j = append(j, gossip[s])
+			}
+		}
+		return strings.Join(j, ",")
+	}
+	return args, joinAllBut
+}
+
 func freeAddrs(t *testing.T, n int) []string {
 	t.Helper()
 	var addrs []string
@@ -476,24 +487,7 @@ func TestProcessesGrow(t *testing.T) {
 	c := newCluster(t, bin)
 	servers := []string{"s1", "s2", "s3"}
 	grown := []string{"n4", "n5"}
-	addrs := freeAddrs(t, 3*(len(servers)+len(grown)))
-	gossip := map[string]string{}
-	args := map[string][]string{}
-	for i, name := range append(append([]string(nil), servers...), grown...) {
-		gossip[name] = addrs[3*i]
-		args[name] = []string{"-name", name, "-data", filepath.Join(c.dir, name),
-			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
-			"-rtt", "10ms", "-ttl", "2s", "-shards", "4", "-log-level", "info"}
-	}
-	joinAllBut := func(self string) string {
-		var j []string
-		for _, s := range servers {
-			if s != self {
-				j = append(j, gossip[s])
-			}
-		}
-		return strings.Join(j, ",")
-	}
+	args, joinAllBut := c.layout(t, servers, grown, "2s")
 	readyOf := func(p *proc) func(event) bool {
 		return func(e event) bool { return e.p == p && strings.HasPrefix(e.line, "ready") }
 	}
@@ -664,24 +658,7 @@ func TestProcessesPause(t *testing.T) {
 	c := newCluster(t, bin)
 	servers := []string{"s1", "s2", "s3"}
 	clients := []string{"c1", "c2"}
-	addrs := freeAddrs(t, 3*(len(servers)+len(clients)))
-	gossip := map[string]string{}
-	args := map[string][]string{}
-	for i, name := range append(append([]string(nil), servers...), clients...) {
-		gossip[name] = addrs[3*i]
-		args[name] = []string{"-name", name, "-data", filepath.Join(c.dir, name),
-			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
-			"-rtt", "10ms", "-ttl", ttl.String(), "-shards", "4", "-log-level", "info"}
-	}
-	joinAllBut := func(self string) string {
-		var j []string
-		for _, s := range servers {
-			if s != self {
-				j = append(j, gossip[s])
-			}
-		}
-		return strings.Join(j, ",")
-	}
+	args, joinAllBut := c.layout(t, servers, clients, ttl.String())
 
 	procs := map[string]*proc{}
 	for _, s := range servers {
