@@ -30,6 +30,7 @@ type controller struct {
 	deadSince    map[string]time.Time
 	moving       map[uint64]bool
 	lastTransfer time.Time // leadership moves are spaced out by transferGap
+	turn         int       // rotates the choice among leadership moves
 }
 
 // maxParallelMoves bounds the shards being moved at once.
@@ -450,10 +451,18 @@ func (n *Node) balanceLeaders(ctx context.Context, p *placement, eligible []stri
 		_, err := n.callPeerName(ctx, from, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
 		return err
 	}
+	// Candidates are tried from a rotating start, so a transfer that does
+	// not take (a target still catching up) is not retried forever while
+	// other shards could move.
+	n.ctrl.mu.Lock()
+	n.ctrl.turn++
+	turn := n.ctrl.turn
+	n.ctrl.mu.Unlock()
 	canGive := func(from, to string) (uint64, bool) {
-		slices.Sort(ledBy[from])
-		for _, shard := range ledBy[from] {
-			if p.hosts(shard, to) {
+		shards := ledBy[from]
+		slices.Sort(shards)
+		for i := range shards {
+			if shard := shards[(i+turn)%len(shards)]; p.hosts(shard, to) {
 				return shard, true
 			}
 		}

@@ -511,7 +511,7 @@ var nemeses = []nemesis{
 
 // membershipWithin bounds one round of the membership nemesis: two peers
 // join and host replicas, an old peer drains, leaves and is forgotten.
-const membershipWithin = 20 * time.Second
+const membershipWithin = 40 * time.Second
 
 // membershipPeers is the cluster size the membership nemesis grows to
 // before one peer leaves.

@@ -111,7 +111,7 @@ func TestScaleOutAndIn(t *testing.T) {
 		p.waitReady(t)
 		peers = append(peers, p)
 		started := time.Now()
-		st := waitBalanced(t, peers, 60*time.Second)
+		st := waitBalanced(t, peers, 90*time.Second)
 		t.Logf("peer-%d joined: balanced in %v; replicas %v leaders %v", i, time.Since(started).Round(time.Millisecond), st.replicas, st.leaders)
 	}
 
