@@ -346,6 +346,15 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 		}
 	}
 	if err := n.configChange(ctx, configChangeReq{Shard: shard, Add: true, Replica: r.ID, NodeHostID: pe.NodeHostID}); err != nil {
+		if errCode(err) == codeRejected {
+			// The id was used and removed before: drop it from the layout,
+			// the next step adds the replica under a fresh id.
+			if p, rerr := n.readMetaPlacement(ctx); rerr == nil {
+				q := p.next()
+				q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], func(o replica) bool { return o.ID == r.ID })
+				_ = n.proposePlacement(ctx, q)
+			}
+		}
 		return fmt.Errorf("add replica %d on %s: %w", r.ID, peer, err)
 	}
 	// Wait until the new replica serves a linearizable read: it is a member

@@ -67,10 +67,26 @@ func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) (
 		}
 		ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 		defer cancel()
-		var err error
-		if req.Add {
+		// Idempotent: a change whose first try timed out may have been
+		// applied, and the controller that asked may have lost the layout
+		// write that follows it; asking again must succeed.
+		m, err := n.nh.SyncGetShardMembership(ctx, req.Shard)
+		if err != nil {
+			if retryable(err) {
+				return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
+			}
+			return nil, err
+		}
+		_, member := m.Nodes[req.Replica]
+		if _, removed := m.Removed[req.Replica]; removed && req.Add {
+			return nil, rpcError(codeRejected, "replica %d was removed from shard %d and cannot be added back", req.Replica, req.Shard)
+		}
+		switch {
+		case req.Add && member, !req.Add && !member:
+			return nil, nil
+		case req.Add:
 			err = n.nh.SyncRequestAddReplica(ctx, req.Shard, req.Replica, req.NodeHostID, 0)
-		} else {
+		default:
 			err = n.nh.SyncRequestDeleteReplica(ctx, req.Shard, req.Replica, 0)
 		}
 		if err != nil && retryable(err) {
@@ -139,8 +155,8 @@ func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 		}
 		for _, h := range hosts {
 			_, err := n.callPeerName(ctx, h, methodConfigChange, body)
-			if err == nil {
-				return nil
+			if err == nil || errCode(err) == codeRejected {
+				return err
 			}
 			lastErr = err
 		}
