@@ -110,11 +110,7 @@ func TestProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the program and runs 6 peer processes")
 	}
-	bin := filepath.Join(t.TempDir(), "peer")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildPeer(t)
 	t.Run("follower-crash", func(t *testing.T) { testProcesses(t, bin, false) })
 	t.Run("leader-crash", func(t *testing.T) {
 		testProcesses(t, bin, true)
@@ -399,6 +395,17 @@ func (c *cluster) layout(t *testing.T, servers, others []string, ttl string) (ar
 	return args, joinAllBut
 }
 
+// buildPeer builds the peer program into a temporary dir.
+func buildPeer(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "peer")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
 func freeAddrs(t *testing.T, n int) []string {
 	t.Helper()
 	var addrs []string
@@ -479,11 +486,7 @@ func TestProcessesGrow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the program and runs 5 peer processes")
 	}
-	bin := filepath.Join(t.TempDir(), "peer")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildPeer(t)
 	c := newCluster(t, bin)
 	servers := []string{"s1", "s2", "s3"}
 	grown := []string{"n4", "n5"}
@@ -650,11 +653,7 @@ func TestProcessesPause(t *testing.T) {
 		t.Skip("builds the program and runs 5 peer processes")
 	}
 	const ttl = 2 * time.Second
-	bin := filepath.Join(t.TempDir(), "peer")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildPeer(t)
 	c := newCluster(t, bin)
 	servers := []string{"s1", "s2", "s3"}
 	clients := []string{"c1", "c2"}
