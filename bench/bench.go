@@ -50,6 +50,14 @@ type System interface {
 	PIDs() []int
 }
 
+// Settler is implemented by systems that keep reorganising themselves for
+// a while after they serve (lockmesh evens out shard leadership). Run calls
+// Settle after timing start-up and before the first measured run, so that
+// runs measure the steady state rather than leadership moves.
+type Settler interface {
+	Settle(ctx context.Context) error
+}
+
 // Worker is one client of a System, used by one goroutine.
 type Worker interface {
 	// Lock blocks until key is held. token is the grant's fencing token
@@ -233,6 +241,16 @@ func runSystem(ctx context.Context, name string, opts Options) ([]Result, error)
 	}
 	startup := time.Since(t0)
 	fmt.Fprintf(opts.Progress, "%s started in %v\n", name, startup.Round(time.Millisecond))
+	if st, ok := sys.(Settler); ok {
+		t1 := time.Now()
+		settleCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := st.Settle(settleCtx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("settle: %w", err)
+		}
+		fmt.Fprintf(opts.Progress, "%s settled in %v\n", name, time.Since(t1).Round(time.Millisecond))
+	}
 	var results []Result
 	for _, wl := range opts.Workloads {
 		for _, c := range opts.Concurrency {

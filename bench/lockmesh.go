@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/lockmesh/lockmesh/node"
@@ -31,6 +32,14 @@ func (s *lockmeshSystem) Start(ctx context.Context) error {
 	peers, err := StartLockmesh(ctx, s.dir, 3, nil)
 	s.peers = peers
 	return err
+}
+
+// Settle waits until the peers' controller has evened out shard leadership.
+func (s *lockmeshSystem) Settle(ctx context.Context) error {
+	if len(s.peers) == 0 {
+		return errors.New("lockmesh is not started")
+	}
+	return WaitSettled(ctx, s.peers[0], 2*time.Second)
 }
 
 func (s *lockmeshSystem) Stop() error {
@@ -130,6 +139,59 @@ func StartLockmesh(ctx context.Context, dir string, n int, tune func(*node.Confi
 		}
 	}
 	return peers, nil
+}
+
+// WaitSettled waits until every shard has a leader, no peer leads two more
+// shards than another, and that has held for stable: a fresh cluster's
+// controller moves leaderships for a few seconds after it serves, and each
+// move stalls its shard for an election round. n must host replicas, so
+// that it knows every shard's leader.
+func WaitSettled(ctx context.Context, n *node.Node, stable time.Duration) error {
+	var last string
+	since := time.Now()
+	for {
+		shards, err := n.Placement(ctx)
+		if err != nil {
+			return err
+		}
+		now, balanced := leadership(shards)
+		if !balanced || now != last {
+			last, since = now, time.Now()
+		} else if time.Since(since) >= stable {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("leadership not settled (last seen %s): %w", last, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// leadership renders who leads each shard, and says whether every shard has
+// a leader and leader counts per replica host differ by at most one.
+func leadership(shards []node.ShardInfo) (string, bool) {
+	var b strings.Builder
+	count := map[string]int{}
+	for _, s := range shards {
+		for _, r := range s.Replicas {
+			count[r] += 0
+		}
+	}
+	balanced := true
+	for _, s := range shards {
+		fmt.Fprintf(&b, "%d:%s ", s.Shard, s.Leader)
+		if s.Leader == "" {
+			balanced = false
+			continue
+		}
+		count[s.Leader]++
+	}
+	lo, hi := len(shards), 0
+	for _, c := range count {
+		lo, hi = min(lo, c), max(hi, c)
+	}
+	return b.String(), balanced && hi-lo <= 1
 }
 
 func closePeers(peers []*node.Node) {
