@@ -22,7 +22,10 @@ import (
 //     then the Raft membership change), wait until it has caught up, and
 //     only then remove a surplus one (moving its leadership away first),
 //     so no shard ever has fewer than RF replicas;
-//  4. when nothing moves, evens out leadership by leader transfer.
+//  4. when nothing moves, checks every few seconds that the layout lists
+//     no replica Raft has removed (a layout write lost after a Raft change)
+//     and drops any such replica, so the shard is repaired by step 3;
+//  5. when nothing moves, evens out leadership by leader transfer.
 //
 // Keys never move between shards, so fencing tokens stay monotonic.
 type controller struct {
@@ -30,8 +33,13 @@ type controller struct {
 	deadSince    map[string]time.Time
 	moving       map[uint64]bool
 	lastTransfer time.Time // leadership moves are spaced out by transferGap
+	lastSweep    time.Time // the last comparison of layout and Raft membership
 	turn         int       // rotates the choice among leadership moves
 }
+
+// reconcileEvery is how often an idle controller compares the layout with
+// every shard's Raft membership.
+const reconcileEvery = 5 * time.Second
 
 // maxParallelMoves bounds the shards being moved at once.
 const maxParallelMoves = 4
@@ -157,6 +165,22 @@ func (n *Node) controlStep() error {
 	if pending {
 		n.log.Debug("controller: moves pending", "epoch", p.Epoch)
 		return nil
+	}
+	// With nothing to move, check now and then that the layout still
+	// matches Raft: a shard that lost a replica without the layout knowing
+	// would never be repaired.
+	n.ctrl.mu.Lock()
+	sweep := time.Since(n.ctrl.lastSweep) >= reconcileEvery
+	if sweep {
+		n.ctrl.lastSweep = time.Now()
+	}
+	n.ctrl.mu.Unlock()
+	if sweep {
+		for _, shard := range p.shardIDs() {
+			if changed, err := n.reconcile(ctx, p, shard); changed || err != nil {
+				return err
+			}
+		}
 	}
 	// 4. Even out leadership, among peers that are up: a transfer to a
 	// dead replica stalls the shard's proposals for an election timeout.
@@ -378,6 +402,11 @@ func (n *Node) removeReplica(ctx context.Context, shard uint64, r replica) error
 	if err != nil {
 		return err
 	}
+	// r was chosen by counting the layout's replicas: check first that the
+	// layout counts only replicas Raft still has.
+	if changed, err := n.reconcile(ctx, p, shard); err != nil || changed {
+		return err
+	}
 	// Never remove a leader: hand its leadership to another replica first,
 	// trying the others in turn (oldest first: the most likely up to date).
 	if leader, ok := n.shardLeader(ctx, p, shard); ok && leader == r.ID {
@@ -408,17 +437,63 @@ func (n *Node) removeReplica(ctx context.Context, shard uint64, r replica) error
 	if err := n.configChange(ctx, configChangeReq{Shard: shard, Add: false, Replica: r.ID}); err != nil {
 		return fmt.Errorf("remove replica %d from %s: %w", r.ID, r.Peer, err)
 	}
-	p, err = n.readMetaPlacement(ctx)
+	// The replica is out of the Raft group: the layout must say so before
+	// anything else is planned, or the next plan counts it and removes a
+	// live replica as surplus. Keep trying while the meta shard is busy
+	// (its own replicas may be moving too).
+	for attempt := 0; ; attempt++ {
+		err := n.dropFromLayout(ctx, shard, []uint64{r.ID})
+		if err == nil {
+			n.log.Info("replica removed from layout", "shard", shard, "peer", r.Peer, "replica", r.ID)
+			return nil
+		}
+		if berr := n.backoff(ctx, min(attempt, 3)); berr != nil {
+			return fmt.Errorf("replica %d left shard %d but the layout still lists it: %w", r.ID, shard, err)
+		}
+	}
+}
+
+// dropFromLayout removes the replicas ids of shard from the layout.
+func (n *Node) dropFromLayout(ctx context.Context, shard uint64, ids []uint64) error {
+	p, err := n.readMetaPlacement(ctx)
 	if err != nil {
 		return err
 	}
-	q := p.next()
-	q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], func(o replica) bool { return o.ID == r.ID })
-	if err := n.proposePlacement(ctx, q); err != nil {
-		return err
+	listed := func(o replica) bool { return slices.Contains(ids, o.ID) }
+	if !slices.ContainsFunc(p.Replicas[shard], listed) {
+		return nil
 	}
-	n.log.Info("replica removed from layout", "shard", shard, "peer", r.Peer, "replica", r.ID)
-	return nil
+	q := p.next()
+	q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], listed)
+	return n.proposePlacement(ctx, q)
+}
+
+// reconcile makes the layout of shard agree with its Raft membership:
+// replicas the layout lists but Raft removed (a controller that lost its
+// meta leadership, or a layout write lost after the Raft change) are
+// dropped from the layout. It reports whether it changed anything. The
+// layout is what the controller plans from, so a replica counted there but
+// gone from Raft would hide an under-replicated shard, or make a live
+// replica look surplus.
+func (n *Node) reconcile(ctx context.Context, p *placement, shard uint64) (bool, error) {
+	m, err := n.membership(ctx, p, shard)
+	if err != nil {
+		return false, err
+	}
+	var gone []uint64
+	for _, r := range p.Replicas[shard] {
+		if slices.Contains(m.Removed, r.ID) {
+			gone = append(gone, r.ID)
+		}
+	}
+	if len(gone) == 0 {
+		return false, nil
+	}
+	if err := n.dropFromLayout(ctx, shard, gone); err != nil {
+		return false, err
+	}
+	n.log.Warn("layout listed replicas Raft had removed; dropped them", "shard", shard, "replicas", gone)
+	return true, nil
 }
 
 // balanceLeaders moves one leadership from the peer leading the most shards

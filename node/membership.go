@@ -23,6 +23,12 @@ type transferReq struct {
 	Target uint64 `msgpack:"t"`
 }
 
+// membershipResp is a shard's Raft membership, read linearizably.
+type membershipResp struct {
+	Members []uint64 `msgpack:"m"` // voting replica ids
+	Removed []uint64 `msgpack:"r"` // ids removed from the shard, never to return
+}
+
 // statusResp is what a peer says of the replicas it runs.
 type statusResp struct {
 	Replicas map[uint64]uint64 `msgpack:"r"` // shard -> local replica id
@@ -93,6 +99,31 @@ func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) (
 			return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
 		}
 		return nil, err
+	case methodMembership:
+		var req shardReq
+		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		if !n.hostsShard(req.Shard) {
+			return nil, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
+		}
+		ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+		defer cancel()
+		m, err := n.nh.SyncGetShardMembership(ctx, req.Shard)
+		if err != nil {
+			if retryable(err) {
+				return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
+			}
+			return nil, err
+		}
+		var resp membershipResp
+		for id := range m.Nodes {
+			resp.Members = append(resp.Members, id)
+		}
+		for id := range m.Removed {
+			resp.Removed = append(resp.Removed, id)
+		}
+		return encodeBody(resp)
 	case methodTransferLeader:
 		var req transferReq
 		if err := decodeBody(body, &req); err != nil {
@@ -175,6 +206,26 @@ func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 // The local meta replica answers when this peer has one and it is caught
 // up; a replica still joining cannot, so the other meta hosts are asked
 // next (each answers from its own meta replica).
+// membership reads shard's Raft membership from a peer hosting it.
+func (n *Node) membership(ctx context.Context, p *placement, shard uint64) (membershipResp, error) {
+	var lastErr error = fmt.Errorf("no peer hosts shard %d", shard)
+	hosts := p.hostNames(shard)
+	if l := n.leaderGuess(shard); l != "" {
+		hosts = append([]string{l}, hosts...)
+	}
+	for _, h := range hosts {
+		raw, err := n.callPeerName(ctx, h, methodMembership, mustEncode(shardReq{Shard: shard}))
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		var m membershipResp
+		err = decodeBody(raw, &m)
+		return m, err
+	}
+	return membershipResp{}, lastErr
+}
+
 func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
 	var lastErr error = errNotReady
 	if n.hostsShard(metaShardID) {

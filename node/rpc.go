@@ -29,6 +29,7 @@ const (
 	methodTransferLeader                  // transferReq
 	methodCaughtUp                        // shardReq: answers once the local replica serves reads
 	methodSetPlacement                    // encoded placement, proposed to the meta shard
+	methodMembership                      // shardReq -> membershipResp: the shard's Raft membership
 )
 
 // Application error codes carried in transport.Error.
@@ -133,7 +134,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		return nil, nil
 	case methodPrepare, methodCommit, methodAbort, methodGetPlacement:
 		return n.serveBootstrap(ctx, method, body)
-	case methodStatus, methodConfigChange, methodTransferLeader, methodCaughtUp, methodSetPlacement:
+	case methodStatus, methodConfigChange, methodTransferLeader, methodCaughtUp, methodSetPlacement, methodMembership:
 		return n.serveMembership(ctx, method, body)
 	}
 	return nil, fmt.Errorf("unknown method %d", method)

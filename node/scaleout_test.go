@@ -218,3 +218,60 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 		t.Fatal("returning peer-4 was given no replicas")
 	}
 }
+
+// A replica removed from its Raft group behind the layout's back (as when
+// a controller loses the meta shard between the Raft change and the layout
+// write) must not stay counted: the controller drops it from the layout and
+// adds a replacement, so the shard is back at RF members in Raft.
+func TestLayoutFollowsRaftMembership(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the controller to repair a shard")
+	}
+	o := clusterOpts{peers: 4, rf: 3, shards: 4, ttl: 2 * time.Second, deadAfter: 2 * time.Second}
+	peers := startCluster(t, o)
+	waitBalanced(t, peers, 60*time.Second)
+	ctx := ctxT(t, 40*time.Second)
+	p, err := peers[0].node.readMetaPlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const shard = 2
+	victim := p.Replicas[shard][0]
+	var host *testPeer
+	for _, tp := range peers {
+		if _, ok := p.replica(shard, tp.cfg.Name); ok && tp.cfg.Name != victim.Peer {
+			host = tp
+			break
+		}
+	}
+	// Remove the replica from Raft only.
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := host.node.nh.SyncRequestDeleteReplica(rctx, shard, victim.ID, 0)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("removing replica %d of shard %d from Raft: %v", victim.ID, shard, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("removed replica %d (%s) of shard %d from Raft, not from the layout", victim.ID, victim.Peer, shard)
+	for {
+		p, perr := peers[0].node.readMetaPlacement(ctx)
+		m, merr := peers[0].node.membership(ctx, p, shard)
+		if perr == nil && merr == nil {
+			r, listed := p.replica(shard, victim.Peer)
+			stale := listed && r.ID == victim.ID
+			if !stale && len(m.Members) == o.rf && len(p.Replicas[shard]) == o.rf {
+				t.Logf("shard %d repaired: layout %v, Raft members %v", shard, p.Replicas[shard], m.Members)
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("shard %d not repaired: layout %v (%v), Raft members %v (%v)", shard, p.Replicas[shard], perr, m.Members, merr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
