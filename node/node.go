@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,6 +147,7 @@ func (n *Node) open(ctx context.Context) error {
 			FS:                  cfg.FS,
 			NodeRegistryFactory: n.mesh.NodeRegistryFactory(),
 			LogDB:               logDBConfig(),
+			Engine:              engineConfig(),
 		},
 	}
 	if cfg.raftTransport != nil {
@@ -380,6 +382,20 @@ func (n *Node) stopReplica(shard uint64) {
 func logDBConfig() config.LogDBConfig {
 	c := config.GetTinyMemLogDBConfig()
 	c.Shards = 1
+	return c
+}
+
+// engineConfig sizes dragonboat's execution engine to the machine: as many
+// step, commit and apply workers as cores (at least 2, at most dragonboat's
+// 16) instead of 16 each. Fewer step workers put more Raft groups' updates
+// into each LogDB write and each wake-up. Measured on 2 cores with 16 lock
+// shards, 3 peers, fsync on, lock+unlock at 64 callers, five alternating
+// runs each: 1021 ops/s with 16 workers, 1538 with 2. The LogDB has one
+// storage shard, so the worker count may change between restarts.
+func engineConfig() config.EngineConfig {
+	c := config.GetDefaultEngineConfig()
+	w := min(uint64(max(2, runtime.GOMAXPROCS(0))), c.ExecShards)
+	c.ExecShards, c.CommitShards, c.ApplyShards = w, w, w
 	return c
 }
 
