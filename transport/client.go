@@ -285,6 +285,9 @@ func (cc *clientConn) unavailable(err error) error { return unavailable(cc.addr,
 // removes it from the pool. Only the first call has an effect; it reports
 // whether this call was the first.
 func (cc *clientConn) fail(err error) bool {
+	// Out of the pool before done closes: a call that sees this connection
+	// dead (errNotSent) retries once and must then get a fresh one.
+	cc.client.forget(cc)
 	cc.mu.Lock()
 	if cc.err != nil {
 		cc.mu.Unlock()
@@ -298,7 +301,6 @@ func (cc *clientConn) fail(err error) bool {
 	if conn != nil {
 		conn.Close()
 	}
-	cc.client.forget(cc)
 	return true
 }
 
