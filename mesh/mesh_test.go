@@ -132,11 +132,13 @@ func testMembership(t *testing.T, size int) {
 			}
 		}
 	}
+	// Events reach the recorder after the member view changes: wait.
 	for i, rec := range recs {
 		for _, name := range want {
-			if _, ok := rec.find(EventJoin, name); !ok {
-				t.Fatalf("m%d got no join event for %s", i, name)
-			}
+			waitFor(t, 10*time.Second, fmt.Sprintf("m%d gets a join event for %s", i, name), func() bool {
+				_, ok := rec.find(EventJoin, name)
+				return ok
+			})
 		}
 	}
 
