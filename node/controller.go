@@ -476,7 +476,7 @@ func (n *Node) dropFromLayout(ctx context.Context, shard uint64, ids []uint64) e
 // gone from Raft would hide an under-replicated shard, or make a live
 // replica look surplus.
 func (n *Node) reconcile(ctx context.Context, p *placement, shard uint64) (bool, error) {
-	m, err := n.membership(ctx, p, shard)
+	m, err := n.membership(ctx, shard)
 	if err != nil {
 		return false, err
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/lni/dragonboat/v4"
 )
 
 // Requests of the controller and of a leaving peer.
@@ -68,19 +70,13 @@ func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) (
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
-		if !n.hostsShard(req.Shard) {
-			return nil, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
-		}
 		ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 		defer cancel()
 		// Idempotent: a change whose first try timed out may have been
 		// applied, and the controller that asked may have lost the layout
 		// write that follows it; asking again must succeed.
-		m, err := n.nh.SyncGetShardMembership(ctx, req.Shard)
+		m, err := n.localMembership(ctx, req.Shard)
 		if err != nil {
-			if retryable(err) {
-				return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
-			}
 			return nil, err
 		}
 		_, member := m.Nodes[req.Replica]
@@ -95,25 +91,16 @@ func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) (
 		default:
 			err = n.nh.SyncRequestDeleteReplica(ctx, req.Shard, req.Replica, 0)
 		}
-		if err != nil && retryable(err) {
-			return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
-		}
-		return nil, err
+		return nil, busyErr(req.Shard, err)
 	case methodMembership:
 		var req shardReq
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
-		if !n.hostsShard(req.Shard) {
-			return nil, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
-		}
 		ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 		defer cancel()
-		m, err := n.nh.SyncGetShardMembership(ctx, req.Shard)
+		m, err := n.localMembership(ctx, req.Shard)
 		if err != nil {
-			if retryable(err) {
-				return nil, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
-			}
 			return nil, err
 		}
 		var resp membershipResp
@@ -162,6 +149,25 @@ func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) (
 	return nil, fmt.Errorf("unknown membership method %d", method)
 }
 
+// localMembership reads shard's Raft membership through this peer's
+// replica, linearizably; a retryable failure is answered as codeBusy.
+func (n *Node) localMembership(ctx context.Context, shard uint64) (*dragonboat.Membership, error) {
+	if !n.hostsShard(shard) {
+		return nil, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, shard)
+	}
+	m, err := n.nh.SyncGetShardMembership(ctx, shard)
+	return m, busyErr(shard, err)
+}
+
+// busyErr turns a retryable error of shard into codeBusy, so that the
+// calling peer retries; other errors and nil pass through.
+func busyErr(shard uint64, err error) error {
+	if err != nil && retryable(err) {
+		return rpcError(codeBusy, "shard %d: %v", shard, err)
+	}
+	return err
+}
+
 // callPeerName calls the named peer, or serves the call here.
 func (n *Node) callPeerName(ctx context.Context, name string, method uint8, body []byte) ([]byte, error) {
 	if name == n.cfg.Name {
@@ -207,23 +213,13 @@ func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 // up; a replica still joining cannot, so the other meta hosts are asked
 // next (each answers from its own meta replica).
 // membership reads shard's Raft membership from a peer hosting it.
-func (n *Node) membership(ctx context.Context, p *placement, shard uint64) (membershipResp, error) {
-	var lastErr error = fmt.Errorf("no peer hosts shard %d", shard)
-	hosts := p.hostNames(shard)
-	if l := n.leaderGuess(shard); l != "" {
-		hosts = append([]string{l}, hosts...)
-	}
-	for _, h := range hosts {
-		raw, err := n.callPeerName(ctx, h, methodMembership, mustEncode(shardReq{Shard: shard}))
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		var m membershipResp
+func (n *Node) membership(ctx context.Context, shard uint64) (membershipResp, error) {
+	var m membershipResp
+	raw, err := n.callHost(ctx, shard, methodMembership, mustEncode(shardReq{Shard: shard}))
+	if err == nil {
 		err = decodeBody(raw, &m)
-		return m, err
 	}
-	return membershipResp{}, lastErr
+	return m, err
 }
 
 func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {

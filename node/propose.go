@@ -372,10 +372,7 @@ func (n *Node) serveRead(ctx context.Context, req readReq) (lockAnswer, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 	defer cancel()
 	a, err := n.readLocal(ctx, req.Shard, req.Query)
-	if err != nil && retryable(err) {
-		return a, rpcError(codeBusy, "shard %d: %v", req.Shard, err)
-	}
-	return a, err
+	return a, busyErr(req.Shard, err)
 }
 
 // callHost sends a request to a peer hosting shard: the last known leader
