@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -124,13 +125,7 @@ func testProcesses(t *testing.T, bin string, crashLeader bool) {
 	clients := []string{"c1", "c2", "c3"}
 	args, joinAllBut := c.layout(t, servers, clients, ttl.String())
 
-	procs := map[string]*proc{}
-	for _, s := range servers {
-		procs[s] = c.start(s, append(args[s], "-expect", "3", "-join", joinAllBut(s))...)
-	}
-	for range servers {
-		c.await(30*time.Second, "a server ready", prefix("ready"))
-	}
+	procs := c.startServers(servers, args, joinAllBut)
 	for _, cl := range clients[:2] {
 		procs[cl] = c.start(cl, append(args[cl], "-client", "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
 	}
@@ -367,6 +362,21 @@ func token(t *testing.T, e event) uint64 {
 
 // freeAddrs returns n distinct loopback addresses whose ports are free for
 // both TCP and UDP (gossip uses both), holding each until all are picked.
+// startServers starts servers as one bootstrapping cluster (each expects
+// them all and joins the others) with their layout args, and waits until
+// every one printed ready.
+func (c *cluster) startServers(servers []string, args map[string][]string, joinAllBut func(string) string) map[string]*proc {
+	procs := map[string]*proc{}
+	expect := strconv.Itoa(len(servers))
+	for _, s := range servers {
+		procs[s] = c.start(s, append(args[s], "-expect", expect, "-join", joinAllBut(s))...)
+	}
+	for range servers {
+		c.await(30*time.Second, "a server ready", prefix("ready"))
+	}
+	return procs
+}
+
 // layout gives each server and other process its flags (free loopback
 // ports, a data dir under the cluster's, RTT 10ms, 4 shards, ttl) and
 // returns them with joinAllBut, which lists the servers' gossip addresses
@@ -495,13 +505,7 @@ func TestProcessesGrow(t *testing.T) {
 		return func(e event) bool { return e.p == p && strings.HasPrefix(e.line, "ready") }
 	}
 
-	procs := map[string]*proc{}
-	for _, s := range servers {
-		procs[s] = c.start(s, append(args[s], "-expect", "3", "-join", joinAllBut(s))...)
-	}
-	for range servers {
-		c.await(30*time.Second, "a server ready", prefix("ready"))
-	}
+	procs := c.startServers(servers, args, joinAllBut)
 
 	// Two more peers join; the last one prints the layout once it has
 	// settled over all five.
@@ -659,13 +663,7 @@ func TestProcessesPause(t *testing.T) {
 	clients := []string{"c1", "c2"}
 	args, joinAllBut := c.layout(t, servers, clients, ttl.String())
 
-	procs := map[string]*proc{}
-	for _, s := range servers {
-		procs[s] = c.start(s, append(args[s], "-expect", "3", "-join", joinAllBut(s))...)
-	}
-	for range servers {
-		c.await(30*time.Second, "a server ready", prefix("ready"))
-	}
+	procs := c.startServers(servers, args, joinAllBut)
 	for _, cl := range clients {
 		procs[cl] = c.start(cl, append(args[cl], "-client", "-join", joinAllBut(""), "-lock", "job", "-hold", "0")...)
 	}
