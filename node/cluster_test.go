@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"testing"
@@ -25,14 +26,29 @@ type clusterOpts struct {
 	deadAfter                 time.Duration // 0: the default
 }
 
+// freeAddr returns a loopback address whose port is free for TCP and UDP
+// (memberlist binds both). The port is below Linux's ephemeral range
+// (32768-60999), so the outgoing connections of tests running in other
+// packages cannot take it between this check and the peer's bind, as
+// happened to a gossip port picked with ":0".
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		u, err := net.ListenPacket("udp", addr)
+		l.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		return addr
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("no free loopback port in 20000-31999")
+	return ""
 }
 
 func testLogger() *slog.Logger {
