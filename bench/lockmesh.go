@@ -16,16 +16,27 @@ func init() {
 	Register("lockmesh", func(env Env) (System, error) {
 		return &lockmeshSystem{dir: env.Dir}, nil
 	})
+	Register("lockmesh-release", func(env Env) (System, error) {
+		return &lockmeshSystem{dir: env.Dir, release: true}, nil
+	})
 }
 
 // lockmeshSystem is 3 lockmesh peers in the bench process, talking over
 // real loopback TCP with their data on disk (fsync on): the defaults.
+// With release set, workers give locks up with Lock.Release, which does
+// not wait for the release to commit, instead of Lock.Unlock.
 type lockmeshSystem struct {
-	dir   string
-	peers []*node.Node
+	dir     string
+	release bool
+	peers   []*node.Node
 }
 
-func (s *lockmeshSystem) Name() string { return "lockmesh" }
+func (s *lockmeshSystem) Name() string {
+	if s.release {
+		return "lockmesh-release"
+	}
+	return "lockmesh"
+}
 func (s *lockmeshSystem) PIDs() []int  { return nil }
 
 func (s *lockmeshSystem) Start(ctx context.Context) error {
@@ -54,17 +65,28 @@ func (s *lockmeshSystem) NewWorker(id int) (Worker, error) {
 	if len(s.peers) == 0 {
 		return nil, errors.New("lockmesh is not started")
 	}
-	return lockmeshWorker{s.peers[id%len(s.peers)]}, nil
+	return lockmeshWorker{s.peers[id%len(s.peers)], s.release}, nil
 }
 
-type lockmeshWorker struct{ n *node.Node }
+type lockmeshWorker struct {
+	n       *node.Node
+	release bool
+}
 
 func (w lockmeshWorker) Lock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
 	l, err := w.n.Lock(ctx, key)
 	if err != nil {
 		return 0, false, nil, err
 	}
-	return l.Token(), true, l.Unlock, nil
+	return l.Token(), true, w.unlock(l), nil
+}
+
+// unlock is how the worker gives l up: Unlock, or Release with release set.
+func (w lockmeshWorker) unlock(l *node.Lock) func(context.Context) error {
+	if w.release {
+		return func(context.Context) error { return l.Release() }
+	}
+	return l.Unlock
 }
 
 func (w lockmeshWorker) TryLock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
@@ -75,7 +97,7 @@ func (w lockmeshWorker) TryLock(ctx context.Context, key string) (uint64, bool, 
 	if err != nil {
 		return 0, false, nil, err
 	}
-	return l.Token(), true, l.Unlock, nil
+	return l.Token(), true, w.unlock(l), nil
 }
 
 func (w lockmeshWorker) Close() error { return nil }

@@ -175,3 +175,84 @@ func TestClusterLockBasics(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestReleaseHandsOnWithoutWaiting(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3})
+	a, b := peers[0].node, peers[1].node
+	ctx := ctxT(t, 20*time.Second)
+
+	l1, err := a.Lock(ctx, "report/7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan *Lock, 1)
+	go func() {
+		l, err := b.Lock(ctx, "report/7")
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- l
+	}()
+	waitQueued(t, a, "report/7", 1)
+	if err := l1.Release(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l1.Done(): // closed by Release itself, before anything commits
+	default:
+		t.Fatal("Done still open after Release returned")
+	}
+	if !errorsIs(l1.Err(), ErrNotHeld) {
+		t.Fatalf("Err after Release: %v, want ErrNotHeld", l1.Err())
+	}
+	if err := l1.Release(); !errorsIs(err, ErrNotHeld) {
+		t.Fatalf("second Release: %v, want ErrNotHeld", err)
+	}
+	if err := l1.Unlock(ctx); !errorsIs(err, ErrNotHeld) {
+		t.Fatalf("Unlock after Release: %v, want ErrNotHeld", err)
+	}
+	l2 := <-granted
+	if l2 == nil {
+		t.FailNow()
+	}
+	if l2.Token() <= l1.Token() {
+		t.Fatalf("token did not grow: %d then %d", l1.Token(), l2.Token())
+	}
+	if err := l2.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A TryLock right after Release on the same node waits for the release
+// instead of being refused by it.
+func TestTryLockAfterReleaseOnSameNode(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3})
+	n := peers[0].node
+	ctx := ctxT(t, 30*time.Second)
+	var last uint64
+	for i := range 50 {
+		l, err := n.TryLock(ctx, "hot")
+		if err != nil {
+			t.Fatalf("TryLock %d: %v", i, err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("TryLock %d: token %d after %d", i, l.Token(), last)
+		}
+		last = l.Token()
+		if err := l.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// On another node the key is free once the last release commits.
+	pollUntil(t, 10*time.Second, "hot free", func() bool {
+		info, err := peers[1].node.Inspect(ctx, "hot")
+		return err == nil && len(info.Holders) == 0
+	})
+	l, err := peers[1].node.TryLock(ctx, "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Token() <= last {
+		t.Fatalf("token %d after %d", l.Token(), last)
+	}
+}

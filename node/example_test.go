@@ -89,6 +89,23 @@ func ExampleLock_Unlock() {
 	// true
 }
 
+func ExampleLock_Release() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	l, _ := n.Lock(ctx, "job")
+	fmt.Println(l.Release()) // returns without waiting for the commit
+	<-l.Done()               // already closed
+	fmt.Println(errors.Is(l.Err(), node.ErrNotHeld))
+	l, _ = n.TryLock(ctx, "job") // waits for this node's release, then takes the key
+	fmt.Println(l.Token() > 0)
+	// Output:
+	// <nil>
+	// true
+	// true
+}
+
 func ExampleFence() {
 	var storage node.Fence
 	fmt.Println(storage.Check("invoice/42", 7)) // the current holder writes

@@ -70,25 +70,39 @@ func (l *Lock) checkLease() {
 	l.s.checkDeadline()
 }
 
-func (l *Lock) lose(err error) {
+func (l *Lock) lose(err error) { l.claim(err) }
+
+// claim closes Done with err and reports whether this call did it, so
+// that of two racing ends of a lock exactly one acts on it.
+func (l *Lock) claim(err error) (won bool) {
 	l.once.Do(func() {
+		won = true
 		l.mu.Lock()
 		l.err = err
 		l.mu.Unlock()
 		close(l.done)
 	})
+	return won
+}
+
+// heldErr is the error Unlock and Release return for a lock that is no
+// longer held: already unlocked, or its lease was lost.
+func (l *Lock) heldErr(err error) error {
+	if errors.Is(err, ErrNotHeld) {
+		return fmt.Errorf("unlock %q: already unlocked: %w", l.key, ErrNotHeld)
+	}
+	return fmt.Errorf("unlock %q: %w", l.key, err)
 }
 
 // Unlock releases the lock and, in the same Raft entry, grants it to the
 // next waiter. It returns an error wrapping ErrLeaseExpired when the lease
 // was lost before the call (another holder may have been granted the key
 // meanwhile), and ErrNotHeld when the lock was already unlocked.
+//
+// Unlock waits for the release to commit; Release does not.
 func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.Err(); err != nil {
-		if errors.Is(err, ErrNotHeld) {
-			return fmt.Errorf("unlock %q: already unlocked: %w", l.key, ErrNotHeld)
-		}
-		return fmt.Errorf("unlock %q: %w", l.key, err)
+		return l.heldErr(err)
 	}
 	res, err := l.n.apply(ctx, l.s.shard, lockfsm.Command{Op: lockfsm.OpRelease, Session: l.s.id, Target: l.req, Ack: l.s.ack()})
 	if err != nil {
@@ -110,6 +124,45 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	}
 	l.lose(err)
 	return err
+}
+
+// Release gives the lock up without waiting for the cluster, as
+// sync.Mutex.Unlock does: Done closes at once and Err returns ErrNotHeld,
+// so the caller must stop using the token when Release returns. The
+// release is committed in the background and hands the key to the next
+// waiter when it lands, about one Raft commit later; until then nobody
+// else can be granted the key, so mutual exclusion is exactly as with
+// Unlock. A Lock or TryLock of the same key on this node waits for the
+// release to commit first, so it is never refused by its own release.
+//
+// A release that cannot commit within the session TTL (the shard has no
+// quorum) gives up the node's session on the shard: the cluster then frees
+// the key when the session expires, as it would after a crash, and the
+// node's other locks on that shard report ErrLeaseExpired. Release returns
+// the same errors as Unlock for a lock that was already unlocked or lost.
+func (l *Lock) Release() error {
+	if err := l.Err(); err != nil {
+		return l.heldErr(err)
+	}
+	if !l.claim(fmt.Errorf("%w: released", ErrNotHeld)) {
+		return l.heldErr(l.Err())
+	}
+	s, n := l.s, l.n
+	done := s.startRelease(l)
+	n.goFunc(func() {
+		defer s.endRelease(l.key, done)
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
+		defer cancel()
+		res, err := n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpRelease, Session: s.id, Target: l.req, Ack: s.ack()})
+		if err != nil && !n.isClosed() {
+			s.lose(fmt.Errorf("%w: release of %q on shard %d did not commit: %v", ErrLeaseExpired, l.key, s.shard, err))
+			return
+		}
+		if err == nil && res.Status != lockfsm.StatusOK {
+			n.log.Debug("release not applied", "key", l.key, "shard", s.shard, "result", describe(res))
+		}
+	})
+	return nil
 }
 
 // Lock blocks until key is granted to this caller, in FIFO order among the
@@ -143,6 +196,12 @@ func (n *Node) acquire(ctx context.Context, key string, wait bool) (*Lock, error
 		s, err := n.session(ctx, shard)
 		if err != nil {
 			return nil, fmt.Errorf("lock %q: %w", key, err)
+		}
+		if err := s.awaitRelease(ctx, key); err != nil {
+			return nil, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)
+		}
+		if s.isLost() {
+			continue // n.session opens a new one
 		}
 		l, retry, err := n.attempt(ctx, s, key, wait)
 		if !retry {

@@ -78,6 +78,10 @@ func hammer(ctx context.Context, peers []*testPeer, keys []string, perPeer int, 
 					c.enter(key, l.Token())
 					time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
 					c.leave(key)
+					if rand.IntN(2) == 0 {
+						_ = l.Release()
+						continue
+					}
 					uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					_ = l.Unlock(uctx)
 					cancel()

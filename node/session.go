@@ -21,14 +21,17 @@ type session struct {
 	shard uint64
 	id    uint64
 
-	mu       sync.Mutex
-	nextReq  uint64
-	pending  map[uint64]struct{} // acquire requests whose final answer is not in yet
-	locks    map[uint64]*Lock    // held locks by request id
-	deadline time.Time
-	timer    *time.Timer
-	lost     chan struct{}
-	lostErr  error
+	mu      sync.Mutex
+	nextReq uint64
+	pending map[uint64]struct{} // acquire requests whose final answer is not in yet
+	locks   map[uint64]*Lock    // held locks by request id
+	// releasing holds a channel per key whose Release has not committed
+	// yet; it is closed when the release is in.
+	releasing map[string]chan struct{}
+	deadline  time.Time
+	timer     *time.Timer
+	lost      chan struct{}
+	lostErr   error
 }
 
 // sessionSlot lets concurrent callers share one session open.
@@ -85,7 +88,7 @@ func (n *Node) openSession(ctx context.Context, shard uint64) (*session, error) 
 	}
 	s := &session{
 		n: n, shard: shard, id: res.Session, nextReq: 1,
-		pending: map[uint64]struct{}{}, locks: map[uint64]*Lock{},
+		pending: map[uint64]struct{}{}, locks: map[uint64]*Lock{}, releasing: map[string]chan struct{}{},
 		lost: make(chan struct{}),
 	}
 	s.mu.Lock()
@@ -136,6 +139,44 @@ func (s *session) finish(r uint64) {
 	s.mu.Lock()
 	delete(s.pending, r)
 	s.mu.Unlock()
+}
+
+// startRelease takes a released lock out of the session's held locks and
+// records its key as being released until endRelease.
+func (s *session) startRelease(l *Lock) chan struct{} {
+	done := make(chan struct{})
+	s.mu.Lock()
+	delete(s.locks, l.req)
+	s.releasing[l.key] = done
+	s.mu.Unlock()
+	return done
+}
+
+func (s *session) endRelease(key string, done chan struct{}) {
+	s.mu.Lock()
+	if s.releasing[key] == done {
+		delete(s.releasing, key)
+	}
+	s.mu.Unlock()
+	close(done)
+}
+
+// awaitRelease waits until no release of key by this session is in flight.
+func (s *session) awaitRelease(ctx context.Context, key string) error {
+	s.mu.Lock()
+	done, ok := s.releasing[key]
+	s.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-s.lost:
+		return nil // the caller starts over in a new session
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // ack is the lowest request id whose answer is still outstanding: the
