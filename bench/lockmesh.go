@@ -37,7 +37,7 @@ func (s *lockmeshSystem) Name() string {
 	}
 	return "lockmesh"
 }
-func (s *lockmeshSystem) PIDs() []int  { return nil }
+func (s *lockmeshSystem) PIDs() []int { return nil }
 
 func (s *lockmeshSystem) Start(ctx context.Context) error {
 	peers, err := StartLockmesh(ctx, s.dir, 3, nil)
