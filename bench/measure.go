@@ -2,11 +2,13 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +42,12 @@ type MemoryUse struct {
 	RSSGrowth    int64   `json:"rss_growth"`     // bytes, after a GC both times
 	BytesPerLock float64 `json:"bytes_per_lock"` // RSSGrowth / Held
 	HeapPerLock  float64 `json:"heap_per_lock"`  // Go heap in use growth / Held
-	Note         string  `json:"note,omitempty"`
+	// ServerHeld and ServerBytesPerLock are from lockmesh as 3 server
+	// processes with a client-only node in the bench process: the locks
+	// held, and each server's RSS growth divided by them (no forced GC).
+	ServerHeld         int       `json:"server_held,omitempty"`
+	ServerBytesPerLock []float64 `json:"server_bytes_per_lock,omitempty"`
+	Note               string    `json:"note,omitempty"`
 }
 
 // FootprintOptions says what MeasureFootprint does; zero fields skip that
@@ -106,6 +113,12 @@ func MeasureFootprint(ctx context.Context, o FootprintOptions) (Footprint, error
 		if err != nil {
 			return fp, err
 		}
+		if err := holdManyOnServers(ctx, n, o, &mu); err != nil {
+			if !errors.Is(err, ErrSkip) {
+				return fp, err
+			}
+			mu.Note += "; servers: " + err.Error()
+		}
 		fp.Memory = append(fp.Memory, mu)
 	}
 	return fp, nil
@@ -144,6 +157,78 @@ func settledMemory() (rss int64, heap uint64) {
 func holdMany(ctx context.Context, peers []*node.Node, n int, o FootprintOptions) (MemoryUse, error) {
 	mu := MemoryUse{Locks: n}
 	rss0, heap0 := settledMemory()
+	held := takeLocks(ctx, peers, n, o, &mu)
+	rss1, heap1 := settledMemory()
+	mu.RSSGrowth = rss1 - rss0
+	if mu.Held > 0 {
+		mu.BytesPerLock = float64(mu.RSSGrowth) / float64(mu.Held)
+		mu.HeapPerLock = float64(int64(heap1)-int64(heap0)) / float64(mu.Held)
+	}
+	fmt.Fprintf(o.Progress, "[footprint] %d locks held: RSS +%d MB, %.0f bytes/lock (Go heap %.0f bytes/lock), taken in %.1fs\n",
+		mu.Held, mu.RSSGrowth>>20, mu.BytesPerLock, mu.HeapPerLock, mu.Seconds)
+	runtime.KeepAlive(held)
+	return mu, nil
+}
+
+// holdManyOnServers takes n locks through the client-only node of
+// lockmesh-3proc and measures the RSS growth of each server process, which
+// holds one replica of every lock and none of the client's Lock objects.
+// The servers run as deployed (GOGC=100, no forced GC), so this is what a
+// peer's resident memory grows by, garbage included.
+func holdManyOnServers(ctx context.Context, n int, o FootprintOptions, mu *MemoryUse) error {
+	dir, err := os.MkdirTemp("", "lockbench-footprint-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	sys, err := newLockmesh3Proc(Env{Dir: dir})
+	if err != nil {
+		return err
+	}
+	s := sys.(*lockmesh3Proc)
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	defer s.Stop()
+	if err := s.Start(sctx); err != nil {
+		return err
+	}
+	pause(ctx, 2*time.Second)
+	pids := s.PIDs()
+	before := make([]int64, len(pids))
+	for i, pid := range pids {
+		if before[i], err = rssOf(pid); err != nil {
+			return err
+		}
+	}
+	var served MemoryUse
+	held := takeLocks(ctx, []*node.Node{s.client}, n, o, &served)
+	pause(ctx, 2*time.Second)
+	var sum float64
+	for i, pid := range pids {
+		after, err := rssOf(pid)
+		if err != nil {
+			return err
+		}
+		if served.Held > 0 {
+			per := float64(after-before[i]) / float64(served.Held)
+			mu.ServerBytesPerLock = append(mu.ServerBytesPerLock, per)
+			sum += per
+		}
+	}
+	mu.ServerHeld = served.Held
+	if served.Note != "" {
+		mu.Note += "; servers: " + served.Note
+	}
+	fmt.Fprintf(o.Progress, "[footprint] %d locks held by 3 server processes: %.0f bytes RSS per lock per server (mean), taken in %.1fs\n",
+		served.Held, sum/float64(len(pids)), served.Seconds)
+	runtime.KeepAlive(held)
+	return nil
+}
+
+// takeLocks takes n locks on distinct keys with o.Concurrency workers spread
+// over nodes, recording in mu how many it got, how long it took and the
+// first error. The locks are returned, still held.
+func takeLocks(ctx context.Context, nodes []*node.Node, n int, o FootprintOptions, mu *MemoryUse) [][]*node.Lock {
 	ctx, cancel := context.WithTimeout(ctx, o.LockTimeout)
 	defer cancel()
 	held := make([][]*node.Lock, o.Concurrency)
@@ -155,7 +240,7 @@ func holdMany(ctx context.Context, peers []*node.Node, n int, o FootprintOptions
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p := peers[w%len(peers)]
+			p := nodes[w%len(nodes)]
 			for {
 				i := next.Add(1) - 1
 				if i >= int64(n) || ctx.Err() != nil {
@@ -196,16 +281,7 @@ loop:
 	if e := firstErr.Load(); e != nil {
 		mu.Note += fmt.Sprintf("; %d errors, first: %v", errs.Load(), *e)
 	}
-	rss1, heap1 := settledMemory()
-	mu.RSSGrowth = rss1 - rss0
-	if mu.Held > 0 {
-		mu.BytesPerLock = float64(mu.RSSGrowth) / float64(mu.Held)
-		mu.HeapPerLock = float64(int64(heap1)-int64(heap0)) / float64(mu.Held)
-	}
-	fmt.Fprintf(o.Progress, "[footprint] %d locks held: RSS +%d MB, %.0f bytes/lock (Go heap %.0f bytes/lock), taken in %.1fs\n",
-		mu.Held, mu.RSSGrowth>>20, mu.BytesPerLock, mu.HeapPerLock, mu.Seconds)
-	runtime.KeepAlive(held)
-	return mu, nil
+	return held
 }
 
 // WriteFootprint writes fp as a short Markdown section.
@@ -225,7 +301,19 @@ func WriteFootprint(w io.Writer, fp Footprint) error {
 		}
 		b = fmt.Appendf(b, "| memory per held lock, %d held (one process: 3 replicas + client) | %.0f bytes RSS, %.0f bytes Go heap; taken in %.0f s%s |\n",
 			m.Held, m.BytesPerLock, m.HeapPerLock, m.Seconds, note)
+		if len(m.ServerBytesPerLock) > 0 {
+			b = fmt.Appendf(b, "| memory per held lock per server, %d held (3 server processes, client elsewhere) | %s bytes RSS |\n",
+				m.ServerHeld, joinFloats(m.ServerBytesPerLock))
+		}
 	}
 	_, err := w.Write(b)
 	return err
+}
+
+func joinFloats(fs []float64) string {
+	var parts []string
+	for _, f := range fs {
+		parts = append(parts, fmt.Sprintf("%.0f", f))
+	}
+	return strings.Join(parts, " / ")
 }

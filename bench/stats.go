@@ -59,8 +59,11 @@ func cpuSeconds(pids []int) float64 {
 }
 
 // rssBytes is this process's resident set size, from /proc/self/status.
-func rssBytes() (int64, error) {
-	b, err := os.ReadFile("/proc/self/status")
+func rssBytes() (int64, error) { return rssOf(os.Getpid()) }
+
+// rssOf reads the resident set size of process pid (Linux).
+func rssOf(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
@@ -73,5 +76,5 @@ func rssBytes() (int64, error) {
 			}
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/self/status")
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
