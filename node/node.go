@@ -158,6 +158,7 @@ func (n *Node) open(ctx context.Context) error {
 		nhc.CAFile, nhc.CertFile, nhc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
 	}
 	n.warnPlaintext()
+	n.hintGOMAXPROCS()
 	if n.nh, err = dragonboat.NewNodeHost(nhc); err != nil {
 		return fmt.Errorf("start raft on %s: %w", cfg.RaftAddr, err)
 	}

@@ -63,6 +63,10 @@ type config struct {
 }
 
 func main() {
+	// A peer process: more Ps than cores keep fsyncs from stalling the
+	// Go scheduler (see node.RaiseGOMAXPROCS). GOMAXPROCS in the
+	// environment still wins.
+	node.RaiseGOMAXPROCS()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
