@@ -104,7 +104,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return l.heldErr(err)
 	}
-	res, err := l.n.apply(ctx, l.s.shard, lockfsm.Command{Op: lockfsm.OpRelease, Session: l.s.id, Target: l.req, Ack: l.s.ack()})
+	cmd, done := l.s.releaseCommand(l.req)
+	res, err := l.n.apply(ctx, l.s.shard, cmd)
+	done()
 	if err != nil {
 		return fmt.Errorf("unlock %q: %w", l.key, err)
 	}
@@ -153,7 +155,9 @@ func (l *Lock) Release() error {
 		defer s.endRelease(l.key, done)
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
 		defer cancel()
-		res, err := n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpRelease, Session: s.id, Target: l.req, Ack: s.ack()})
+		cmd, done := s.releaseCommand(l.req)
+		res, err := n.apply(ctx, s.shard, cmd)
+		done()
 		if err != nil && !n.isClosed() {
 			s.lose(fmt.Errorf("%w: release of %q on shard %d did not commit: %v", ErrLeaseExpired, l.key, s.shard, err))
 			return

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -49,5 +50,62 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	}
 	if third.Status != lockfsm.StatusLocked {
 		t.Fatalf("a second attempt of the same session got %v", third.Status)
+	}
+}
+
+// A release retried after its first try committed, while the session's
+// other requests moved the acknowledged id past the lock, is answered OK:
+// the release's own pending request id keeps the attempt remembered.
+func TestRetriedReleaseAfterAckMoved(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3})
+	n := peers[0].node
+	ctx := ctxT(t, 20*time.Second)
+	l, err := n.Lock(ctx, "retry-release")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, shard := l.s, l.s.shard
+	p, _ := n.waitReady(ctx)
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := fmt.Sprintf("other-%d", i); p.shardOf(k) == shard {
+			other = k
+		}
+	}
+	// moveAck runs another acquire and release of the session, carrying
+	// the current acknowledged id, so the state machine prunes what it may.
+	moveAck := func() {
+		t.Helper()
+		o, err := n.Lock(ctx, other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	cmd, done := s.releaseCommand(l.req)
+	for try := range 2 {
+		res, err := n.apply(ctx, shard, cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != lockfsm.StatusOK {
+			t.Fatalf("release try %d: %v, want OK", try+1, res.Status)
+		}
+		moveAck()
+	}
+	// Once the answer is in, the attempt may go: the same release is then
+	// unknown, which is why the request id must stay pending until then.
+	done()
+	moveAck()
+	moveAck()
+	res, err := n.apply(ctx, shard, cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != lockfsm.StatusNotHeld {
+		t.Fatalf("release after its answer was acknowledged: %v, want NotHeld (pruned)", res.Status)
 	}
 }

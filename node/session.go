@@ -141,6 +141,17 @@ func (s *session) finish(r uint64) {
 	s.mu.Unlock()
 }
 
+// releaseCommand is the release of the attempt target. It carries a
+// request id of its own, pending until done is called, so the state machine
+// keeps the released attempt until this side has the answer: a release
+// retried after its first try committed (the answer was lost) is answered
+// OK again instead of "not held".
+func (s *session) releaseCommand(target uint64) (cmd lockfsm.Command, done func()) {
+	req := s.newRequest()
+	cmd = lockfsm.Command{Op: lockfsm.OpRelease, Session: s.id, Req: req, Target: target, Ack: s.ack()}
+	return cmd, func() { s.finish(req) }
+}
+
 // startRelease takes a released lock out of the session's held locks and
 // records its key as being released until endRelease.
 func (s *session) startRelease(l *Lock) chan struct{} {
