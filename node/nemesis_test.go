@@ -617,7 +617,11 @@ func injectMembership(ctx context.Context, lr *loadRun) {
 	leaveRet := lr.hist.now()
 	cancel()
 	if err != nil {
-		lr.violate("membership: %s did not leave within %v of the round's start: %v", leaving.name, membershipWithin, err)
+		// Say what was stuck: the layout as the remaining peers see it,
+		// and who leads what.
+		pl, _ := waitLayout(ctx, observer, time.Now().Add(2*time.Second), func(*placement) bool { return true })
+		lr.violate("membership: %s did not leave within %v of the round's start: %v; layout %s; leaders %v",
+			leaving.name, membershipWithin, err, describeLayout(pl), fc.leaderCounts())
 		return
 	}
 	left := time.Since(leaveStart)
