@@ -45,9 +45,12 @@ const reconcileEvery = 5 * time.Second
 const maxParallelMoves = 4
 
 // transferGap spaces leadership moves: each one pauses the shard's
-// proposals until the new leader takes over, and a target that is still
-// catching up takes longer.
-func (n *Node) transferGap() time.Duration { return max(20*n.cfg.RTT, 500*time.Millisecond) }
+// proposals until the new leader takes over (an RTT or two), and a target
+// that is still catching up takes longer. At the default RTT of 100 ms the
+// earlier 20 RTT kept a new 3-peer cluster unbalanced for 6-7 s after start
+// (the quickstart's p99 of up to 240 ms was an op meeting one of those
+// moves); 5 RTT settles it in 2.5-6 s, as tests with short RTTs always did.
+func (n *Node) transferGap() time.Duration { return max(5*n.cfg.RTT, 500*time.Millisecond) }
 
 func (n *Node) controlInterval() time.Duration { return max(5*n.cfg.RTT, 100*time.Millisecond) }
 
