@@ -104,9 +104,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return l.heldErr(err)
 	}
-	cmd, done := l.s.releaseCommand(l.req)
-	res, err := l.n.apply(ctx, l.s.shard, cmd)
-	done()
+	res, err := l.s.release(ctx, l.req)
 	if err != nil {
 		return fmt.Errorf("unlock %q: %w", l.key, err)
 	}
@@ -155,9 +153,7 @@ func (l *Lock) Release() error {
 		defer s.endRelease(l.key, done)
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
 		defer cancel()
-		cmd, done := s.releaseCommand(l.req)
-		res, err := n.apply(ctx, s.shard, cmd)
-		done()
+		res, err := s.release(ctx, l.req)
 		if err != nil && !n.isClosed() {
 			s.lose(fmt.Errorf("%w: release of %q on shard %d did not commit: %v", ErrLeaseExpired, l.key, s.shard, err))
 			return

@@ -23,7 +23,7 @@ type session struct {
 
 	mu      sync.Mutex
 	nextReq uint64
-	pending map[uint64]struct{} // acquire requests whose final answer is not in yet
+	pending map[uint64]struct{} // acquire and release requests whose final answer is not in yet
 	locks   map[uint64]*Lock    // held locks by request id
 	// releasing holds a channel per key whose Release has not committed
 	// yet; it is closed when the release is in.
@@ -150,6 +150,14 @@ func (s *session) releaseCommand(target uint64) (cmd lockfsm.Command, done func(
 	req := s.newRequest()
 	cmd = lockfsm.Command{Op: lockfsm.OpRelease, Session: s.id, Req: req, Target: target, Ack: s.ack()}
 	return cmd, func() { s.finish(req) }
+}
+
+// release commits the release of the attempt target, retrying idempotently
+// until ctx ends; Unlock waits for it, Release runs it in the background.
+func (s *session) release(ctx context.Context, target uint64) (lockfsm.Result, error) {
+	cmd, done := s.releaseCommand(target)
+	defer done()
+	return s.n.apply(ctx, s.shard, cmd)
 }
 
 // startRelease takes a released lock out of the session's held locks and
