@@ -9,21 +9,24 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Wire format (Version 1). Every encoding is one Version byte followed by
+// Wire format (Version 2). Every encoding is one Version byte followed by
 // one msgpack value in canonical form: unsigned ints, string and array
 // lengths in their shortest encoding, booleans as true/false, and records as
 // positional arrays of a fixed length.
 //
-//	commands: [ [op, session, req, ack, key, wait, limit, target, owner, ttlMillis], ... ]
+//	commands: [ [op, session, req, ack, key, wait, limit, target, owner, ttlMillis, term], ... ]
 //	results:  [ [status, session, token, err], ... ]
 //
-// The decoders accept exactly this form, so decoding then encoding gives
-// the input back byte for byte, and they check every length against the
-// input that is left before allocating.
+// Version 1 commands have no term (10 fields) and decode with Term 0;
+// results are the same in both. The decoders accept exactly these forms,
+// so decoding a current-version input then encoding it gives the input back
+// byte for byte, and they check every length against the input that is
+// left before allocating.
 
 const (
-	commandFields = 10
-	resultFields  = 4
+	commandFields   = 11
+	commandFieldsV1 = 10
+	resultFields    = 4
 )
 
 // EncodeCommands encodes a batch for one Raft entry. It fails if the batch is
@@ -59,6 +62,7 @@ func EncodeCommands(cmds []Command) ([]byte, error) {
 		_ = e.EncodeUint(c.Target)
 		_ = e.EncodeString(c.Owner)
 		_ = e.EncodeUint(c.TTLMillis)
+		_ = e.EncodeUint(c.Term)
 	}
 	if buf.Len() > MaxEntrySize {
 		return nil, fmt.Errorf("lockfsm: encode commands: %d bytes, more than MaxEntrySize %d", buf.Len(), MaxEntrySize)
@@ -74,8 +78,12 @@ func DecodeCommands(b []byte) ([]Command, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Each command takes at least commandFields+1 bytes.
-	n, err := d.arrayLen("batch", commandFields+1)
+	fields := commandFields
+	if d.version == 1 {
+		fields = commandFieldsV1
+	}
+	// Each command takes at least fields+1 bytes.
+	n, err := d.arrayLen("batch", fields+1)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +96,7 @@ func DecodeCommands(b []byte) ([]Command, error) {
 	cmds := make([]Command, n)
 	for i := range cmds {
 		c := &cmds[i]
-		_ = d.record("command", commandFields) // a failure sticks in d.err
+		_ = d.record("command", fields) // a failure sticks in d.err
 		op := d.uint("op", math.MaxUint8)
 		c.Op = Op(op)
 		c.Session = d.uint("session", math.MaxUint64)
@@ -100,6 +108,9 @@ func DecodeCommands(b []byte) ([]Command, error) {
 		c.Target = d.uint("target", math.MaxUint64)
 		c.Owner = d.str("owner", MaxOwnerLen)
 		c.TTLMillis = d.uint("ttlMillis", math.MaxUint64)
+		if fields == commandFields {
+			c.Term = d.uint("term", math.MaxUint64)
+		}
 		if d.err != nil {
 			return nil, fmt.Errorf("%w (command %d)", d.err, i)
 		}
@@ -170,10 +181,11 @@ func DecodeResults(b []byte) ([]Result, error) {
 // The first error sticks: later reads return zero values, so record
 // decoding can read all fields and check d.err once.
 type decoder struct {
-	b    []byte
-	pos  int
-	what string
-	err  error
+	b       []byte
+	pos     int
+	what    string
+	version byte // of the input, MinVersion to Version
+	err     error
 }
 
 func newDecoder(b []byte, maxSize int, what string) (*decoder, error) {
@@ -184,10 +196,10 @@ func newDecoder(b []byte, maxSize int, what string) (*decoder, error) {
 	if len(b) == 0 {
 		return nil, d.errorf("empty input")
 	}
-	if b[0] != Version {
-		return nil, fmt.Errorf("lockfsm: decode %s: %w: got version %d, want %d", what, ErrVersion, b[0], Version)
+	if b[0] < MinVersion || b[0] > Version {
+		return nil, fmt.Errorf("lockfsm: decode %s: %w: got version %d, want %d to %d", what, ErrVersion, b[0], MinVersion, Version)
 	}
-	d.pos = 1
+	d.version, d.pos = b[0], 1
 	return d, nil
 }
 

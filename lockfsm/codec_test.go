@@ -89,19 +89,19 @@ func TestDecodeCommandsErrors(t *testing.T) {
 	cases := map[string][]byte{
 		"empty":          {},
 		"version only":   {Version},
-		"wrong version":  append([]byte{2}, good[1:]...),
+		"wrong version":  append([]byte{Version + 1}, good[1:]...),
 		"trailing byte":  append(slices.Clone(good), 0),
 		"empty batch":    {Version, 0x90},
 		"not an array":   {Version, 0xa1, 'x'},
 		"short record":   {Version, 0x91, 0x92, 0x01, 0x01},
-		"negative int":   {Version, 0x91, 0x9a, 0xff, 0, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0},
-		"non-minimal":    {Version, 0x91, 0x9a, 0xcc, 0x01, 0, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0},
-		"op too large":   {Version, 0x91, 0x9a, 0xcd, 0x01, 0x00, 0, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0},
-		"nil bool":       {Version, 0x91, 0x9a, 0x02, 0, 0, 0, 0xa0, 0xc0, 0, 0, 0xa0, 0},
-		"limit too big":  {Version, 0x91, 0x9a, 0x02, 0, 0, 0, 0xa0, 0xc2, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0xa0, 0},
+		"negative int":   {Version, 0x91, 0x9b, 0xff, 0, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0, 0},
+		"non-minimal":    {Version, 0x91, 0x9b, 0xcc, 0x01, 0, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0, 0},
+		"op too large":   {Version, 0x91, 0x9b, 0xcd, 0x01, 0x00, 0, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0, 0},
+		"nil bool":       {Version, 0x91, 0x9b, 0x02, 0, 0, 0, 0xa0, 0xc0, 0, 0, 0xa0, 0, 0},
+		"limit too big":  {Version, 0x91, 0x9b, 0x02, 0, 0, 0, 0xa0, 0xc2, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0xa0, 0, 0},
 		"truncated":      good[:len(good)-1],
 		"oversized":      append([]byte{Version}, make([]byte, MaxEntrySize)...),
-		"key over limit": append([]byte{Version, 0x91, 0x9a, 0x02, 0, 0, 0, 0xda, 0x02, 0x01}, make([]byte, 513)...),
+		"key over limit": append([]byte{Version, 0x91, 0x9b, 0x02, 0, 0, 0, 0xda, 0x02, 0x01}, make([]byte, 513)...),
 	}
 	for name, b := range cases {
 		_, err := DecodeCommands(b)
@@ -116,8 +116,27 @@ func TestDecodeCommandsErrors(t *testing.T) {
 			t.Errorf("%s: undescriptive error %q", name, err)
 		}
 	}
-	if _, err := DecodeCommands(append([]byte{2}, good[1:]...)); !errors.Is(err, ErrVersion) {
+	if _, err := DecodeCommands(append([]byte{Version + 1}, good[1:]...)); !errors.Is(err, ErrVersion) {
 		t.Errorf("wrong version: %v", err)
+	}
+}
+
+// Version 1 batches, written before Command.Term existed, still decode
+// (with Term 0), so logs of earlier releases replay after an upgrade.
+func TestDecodeCommandsVersion1(t *testing.T) {
+	// [[ExpireSession, session 7, req 0, ack 0, "", false, 0, 0, "", 0]]
+	v1 := []byte{1, 0x91, 0x9a, byte(OpExpireSession), 7, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0}
+	got, err := DecodeCommands(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Command{{Op: OpExpireSession, Session: 7}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("decoded %+v, want %+v", got, want)
+	}
+	// An 11-field record is not version 1.
+	if _, err := DecodeCommands([]byte{1, 0x91, 0x9b, 5, 7, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0, 0}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("version 1 with a term field: %v", err)
 	}
 }
 

@@ -6,9 +6,16 @@ import (
 )
 
 // Version is the first byte of every encoded command batch, result batch and
-// snapshot. Decoders reject any other value, so a replica never guesses at a
-// format it does not know.
-const Version = 1
+// snapshot written now. Decoders accept MinVersion to Version and reject any
+// other value, so a replica never guesses at a format it does not know.
+//
+// Version 2 added Command.Term and the shard's leader term to snapshots
+// (OpLeaderTerm); version 1 encodings decode with both zero.
+const Version = 2
+
+// MinVersion is the oldest encoding the decoders still read: logs and
+// snapshots written by earlier releases stay readable after an upgrade.
+const MinVersion = 1
 
 // Limits enforced by Apply, ValidateKey and the decoders.
 const (
@@ -58,6 +65,11 @@ const (
 	OpExpireSession
 	// OpCloseSession ends Session at the client's request.
 	OpCloseSession
+	// OpLeaderTerm records that the leader of Term took over the shard.
+	// The state keeps the highest term recorded; from then on only an
+	// ExpireSession decided in that term applies. A leader commits it
+	// before it acknowledges any keepalive or expires any session.
+	OpLeaderTerm
 )
 
 // String returns the op's name, or "Op(n)" for an unknown op.
@@ -75,6 +87,8 @@ func (o Op) String() string {
 		return "ExpireSession"
 	case OpCloseSession:
 		return "CloseSession"
+	case OpLeaderTerm:
+		return "LeaderTerm"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -104,6 +118,12 @@ type Command struct {
 	// TTLMillis is the session's time to live (OpenSession); it must be > 0.
 	// The state machine only stores it: expiry is proposed by the leader.
 	TTLMillis uint64
+	// Term is the Raft term of the leader that decided the command
+	// (ExpireSession, LeaderTerm). An ExpireSession applies only if its
+	// Term is the leader term the state has recorded: a leader whose term
+	// ended can still have its expiry committed by its successor (a
+	// proposal forwarded or retried after a pause), and it must not count.
+	Term uint64
 }
 
 // Status is the outcome of one command.
@@ -130,6 +150,9 @@ const (
 	StatusNoSession
 	// StatusInvalid: the command is malformed; Result.Err says why.
 	StatusInvalid
+	// StatusStaleTerm: an ExpireSession decided in a term other than the
+	// recorded leader term, or a LeaderTerm below it; nothing changed.
+	StatusStaleTerm
 )
 
 // String returns the status name.
@@ -153,6 +176,8 @@ func (s Status) String() string {
 		return "NoSession"
 	case StatusInvalid:
 		return "Invalid"
+	case StatusStaleTerm:
+		return "StaleTerm"
 	}
 	return fmt.Sprintf("Status(%d)", uint8(s))
 }
@@ -301,8 +326,11 @@ func (k *lockKey) idle() bool { return len(k.holders) == 0 && len(k.waiters()) =
 type State struct {
 	index     uint64
 	lastToken uint64
-	sessions  map[uint64]*session
-	keys      map[string]*lockKey
+	// term is the highest leader term recorded by OpLeaderTerm (0 before
+	// any): the only term whose ExpireSession applies.
+	term     uint64
+	sessions map[uint64]*session
+	keys     map[string]*lockKey
 }
 
 // New returns an empty state at index 0 whose first grant gets token 1.
@@ -312,6 +340,9 @@ func New() *State {
 
 // Index returns the index of the last applied entry (0 before any).
 func (s *State) Index() uint64 { return s.index }
+
+// Term returns the leader term recorded last by OpLeaderTerm (0 before any).
+func (s *State) Term() uint64 { return s.term }
 
 // ValidateKey reports whether key can be locked: it must be non-empty and at
 // most MaxKeyLen bytes. Any bytes are allowed.
@@ -393,6 +424,8 @@ func (a *applier) apply(c *Command) Result {
 			return invalid("Acquire: request id must be > 0")
 		}
 	case OpRelease, OpCancel, OpExpireSession, OpCloseSession:
+	case OpLeaderTerm:
+		return a.leaderTerm(c)
 	default:
 		return invalid(fmt.Sprintf("unknown op %d", uint8(c.Op)))
 	}
@@ -411,10 +444,29 @@ func (a *applier) apply(c *Command) Result {
 		return a.release(sess, c)
 	case OpCancel:
 		return a.cancel(sess, c)
-	default: // OpExpireSession, OpCloseSession
+	case OpExpireSession:
+		if c.Term != a.s.term {
+			return Result{Status: StatusStaleTerm, Err: fmt.Sprintf("ExpireSession: decided in term %d, the shard's leader term is %d", c.Term, a.s.term)}
+		}
+		a.endSession(sess)
+		return Result{Status: StatusOK}
+	default: // OpCloseSession
 		a.endSession(sess)
 		return Result{Status: StatusOK}
 	}
+}
+
+// leaderTerm records a new leader's term. Terms only grow: a LeaderTerm
+// that arrives late, after a successor's, changes nothing.
+func (a *applier) leaderTerm(c *Command) Result {
+	switch {
+	case c.Term == 0:
+		return invalid("LeaderTerm: term must be > 0")
+	case c.Term < a.s.term:
+		return Result{Status: StatusStaleTerm, Err: fmt.Sprintf("LeaderTerm: term %d is below the recorded term %d", c.Term, a.s.term)}
+	}
+	a.s.term = c.Term
+	return Result{Status: StatusOK}
 }
 
 // prune forgets terminal attempts whose every request is acknowledged.

@@ -11,27 +11,32 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Snapshot format (Version 1): the Version byte, then one canonical msgpack
+// Snapshot format (Version 2): the Version byte, then one canonical msgpack
 // array (see the wire format in codec.go):
 //
-//	[index, lastToken, sessions, keys]
+//	[index, lastToken, term, sessions, keys]
 //	session: [id, owner, ttlMillis, ack, attempts]   sessions sorted by id
 //	attempt: [req, key, state, token, last]          attempts sorted by req
 //	key:     [key, limit, holders, waiters]          keys sorted by bytes
 //	holder:  [session, req, token]                   in grant order
 //	waiter:  [session, req]                          in FIFO order
 //
+// Version 1 snapshots have no term ([index, lastToken, sessions, keys]) and
+// load with term 0.
+//
 // Sorted order and shortest encodings make the snapshot a function of the
 // state alone: equal states give equal bytes, and Load accepts only that
-// form, so Save after Load reproduces the input exactly.
+// form, so Save after Load of a current-version snapshot reproduces the
+// input exactly.
 
 const (
-	snapshotFields = 4
-	sessionFields  = 5
-	attemptFields  = 5
-	keyFields      = 4
-	holderFields   = 3
-	waiterFields   = 2
+	snapshotFields   = 5
+	snapshotFieldsV1 = 4
+	sessionFields    = 5
+	attemptFields    = 5
+	keyFields        = 4
+	holderFields     = 3
+	waiterFields     = 2
 )
 
 // Save writes the canonical snapshot of the state to w. The bytes depend
@@ -45,6 +50,7 @@ func (s *State) Save(w io.Writer) error {
 	e.arrayLen(snapshotFields)
 	e.uint(s.index)
 	e.uint(s.lastToken)
+	e.uint(s.term)
 
 	ids := make([]uint64, 0, len(s.sessions))
 	for id := range s.sessions {
@@ -158,12 +164,19 @@ func decodeSnapshot(b []byte) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.record("snapshot", snapshotFields); err != nil {
+	fields := snapshotFields
+	if d.version == 1 {
+		fields = snapshotFieldsV1
+	}
+	if err := d.record("snapshot", fields); err != nil {
 		return nil, err
 	}
 	s := New()
 	s.index = d.uint("index", math.MaxUint64)
 	s.lastToken = d.uint("lastToken", math.MaxUint64)
+	if fields == snapshotFields {
+		s.term = d.uint("term", math.MaxUint64)
+	}
 	if d.err != nil {
 		return nil, d.err
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/vfs"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // Defaults used where a Config field is zero.
@@ -107,6 +109,16 @@ type Config struct {
 	// this long instead of their TTL and skip the new-leader grace: a
 	// deliberately broken variant that the safety checkers must catch.
 	unsafeExpireAfter time.Duration
+	// unsafeSkipExpiryTerm makes the lock state machines apply every
+	// ExpireSession whatever term decided it, as before the term fence:
+	// a deliberately broken variant (a paused or stalled ex-leader's
+	// expiry then commits under its successor) the checkers must catch.
+	unsafeSkipExpiryTerm bool
+	// onApply, when set, sees every lock shard entry this peer applies,
+	// on dragonboat's apply goroutine, with the grants it made (in commit
+	// order, tokens ascending). It must not block. Tests check every
+	// replica's apply stream with it.
+	onApply func(shard, index uint64, grants []lockfsm.Grant)
 }
 
 // RaftTLS names the PEM files for mutual TLS between Raft peers: every

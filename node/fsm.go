@@ -18,6 +18,11 @@ type lockSM struct {
 	shard   uint64
 	state   *lockfsm.State
 	onGrant func(shard uint64, grants []lockfsm.Grant)
+	// onApply is Config.onApply, a test hook; nil in production.
+	onApply func(shard, index uint64, grants []lockfsm.Grant)
+	// skipTermCheck is Config.unsafeSkipExpiryTerm: every ExpireSession
+	// is stamped with the recorded term, so none is ever refused.
+	skipTermCheck bool
 }
 
 // resultCorrupt marks an entry whose bytes did not decode. It is applied as
@@ -29,7 +34,17 @@ func (s *lockSM) Update(e sm.Entry) (sm.Result, error) {
 	if err != nil {
 		return sm.Result{Value: resultCorrupt, Data: []byte(err.Error())}, nil
 	}
+	if s.skipTermCheck {
+		for i := range cmds {
+			if cmds[i].Op == lockfsm.OpExpireSession {
+				cmds[i].Term = s.state.Term()
+			}
+		}
+	}
 	results, grants := s.state.Apply(e.Index, cmds)
+	if s.onApply != nil {
+		s.onApply(s.shard, e.Index, grants)
+	}
 	data, err := lockfsm.EncodeResults(results)
 	if err != nil {
 		return sm.Result{}, fmt.Errorf("shard %d: encode results: %w", s.shard, err)

@@ -329,7 +329,8 @@ func (n *Node) startReplica(p *placement, shard uint64, r replica) error {
 		create = func(uint64, uint64) sm.IStateMachine { return &metaSM{} }
 	} else {
 		create = func(uint64, uint64) sm.IStateMachine {
-			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants}
+			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants,
+				onApply: n.cfg.onApply, skipTermCheck: n.cfg.unsafeSkipExpiryTerm}
 		}
 	}
 	var err error
