@@ -76,6 +76,8 @@ type lockAnswer struct {
 	KeyFound     bool                  `msgpack:"kf"`
 	Key          lockfsm.KeyInfo       `msgpack:"ki"`
 	Sessions     []lockfsm.SessionInfo `msgpack:"ss"`
+	// Term is the leader term the state has recorded (querySessions).
+	Term uint64 `msgpack:"t"`
 }
 
 func (s *lockSM) Lookup(q any) (any, error) {
@@ -90,7 +92,7 @@ func (s *lockSM) Lookup(q any) (any, error) {
 	case queryKey:
 		a.Key, a.KeyFound = s.state.Key(lq.Key)
 	case querySessions:
-		a.Sessions = s.state.Sessions()
+		a.Sessions, a.Term = s.state.Sessions(), s.state.Term()
 	default:
 		return nil, fmt.Errorf("shard %d: unknown query kind %d", s.shard, lq.Kind)
 	}

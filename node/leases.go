@@ -16,8 +16,16 @@ import (
 // Keepalives are not written to the Raft log: the leader of a shard keeps,
 // in memory, when it last heard from each session (the etcd and Chubby
 // model) and proposes ExpireSession once a session has been silent for a
-// full TTL. Three rules keep that safe across leader changes:
+// full TTL. Four rules keep that safe across leader changes:
 //
+//  0. A leader first commits a LeaderTerm entry with its Raft term, and
+//     acknowledges no keepalive and expires no session before its own
+//     replica has applied it. An ExpireSession carries the term of the
+//     leader that decided it, and the state machine applies it only if
+//     that is the term it has recorded: an expiry decided by a leader
+//     whose term has ended (it was paused, its disk stalled, its view of
+//     leadership lagged) never takes effect, even when its proposal is
+//     forwarded to and committed by its successor.
 //  1. A leader acknowledges a keepalive only after a ReadIndex round has
 //     confirmed, after the keepalive arrived, that it is still the leader,
 //     and after its replica has applied everything up to that index. So an
@@ -37,6 +45,9 @@ import (
 type leaseTable struct {
 	mu     sync.Mutex
 	shards map[uint64]*shardLeases
+	// kick wakes the expiry loop when this peer becomes a leader, so it
+	// records its term at once instead of at the next tick.
+	kick chan struct{}
 }
 
 type shardLeases struct {
@@ -45,9 +56,14 @@ type shardLeases struct {
 	since    time.Time            // when this peer became leader in term
 	lastSeen map[uint64]time.Time // session -> last keepalive received (or since+grace)
 	expiring map[uint64]bool      // sessions being expired: never acknowledged again
+	// recording is set while a LeaderTerm proposal for term is in flight.
+	recording bool
 }
 
-func (t *leaseTable) init() { t.shards = map[uint64]*shardLeases{} }
+func (t *leaseTable) init() {
+	t.shards = map[uint64]*shardLeases{}
+	t.kick = make(chan struct{}, 1)
+}
 
 // leaderUpdated records a leader change reported by dragonboat.
 func (t *leaseTable) leaderUpdated(info raftio.LeaderInfo, now time.Time) {
@@ -63,6 +79,10 @@ func (t *leaseTable) leaderUpdated(info raftio.LeaderInfo, now time.Time) {
 		return
 	}
 	t.shards[info.ShardID] = newShardLeases(info.Term, now)
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
 }
 
 func newShardLeases(term uint64, now time.Time) *shardLeases {
@@ -135,6 +155,12 @@ func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveR
 	if _, term2, valid, err := n.nh.GetLeaderID(req.Shard); err != nil || !valid || term2 != term {
 		return keepAliveResp{}, rpcError(codeBusy, "shard %d: leadership changed during keepalive", req.Shard)
 	}
+	// Rule 0: not before this term is recorded in the replicated state, so
+	// that no expiry decided in an earlier term can commit after this ack.
+	if a.Term != term {
+		n.kickLeases()
+		return keepAliveResp{}, rpcError(codeBusy, "shard %d: the leader of term %d has not recorded its term yet (state has %d)", req.Shard, term, a.Term)
+	}
 	live := make(map[uint64]bool, len(a.Sessions))
 	for _, s := range a.Sessions {
 		live[s.ID] = true
@@ -155,10 +181,29 @@ func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveR
 	return resp, nil
 }
 
-// expiryLoop expires, on every shard this peer leads, the sessions whose
-// keepalives stopped for longer than the TTL.
+// expiryLoop runs the leader side of leases on every shard this peer
+// leads: it records a new leader's term (rule 0) and expires the sessions
+// whose keepalives stopped for longer than the TTL. It wakes every
+// TTL/20 and when this peer becomes a leader.
 func (n *Node) expiryLoop() {
-	n.every(max(n.cfg.SessionTTL/20, n.cfg.RTT), n.expireLapsed)
+	t := time.NewTicker(max(n.cfg.SessionTTL/20, n.cfg.RTT))
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-n.leases.kick:
+		case <-n.stop:
+			return
+		}
+		n.expireLapsed()
+	}
+}
+
+func (n *Node) kickLeases() {
+	select {
+	case n.leases.kick <- struct{}{}:
+	default:
+	}
 }
 
 func (n *Node) expireLapsed() {
@@ -181,6 +226,17 @@ func (n *Node) expireLapsed() {
 		n.leases.mu.Lock()
 		sl := n.leases.shards[shard]
 		if sl == nil || !sl.leader {
+			n.leases.mu.Unlock()
+			continue
+		}
+		term := sl.term
+		if a.Term != term {
+			// Rule 0: record this term first (a higher recorded term
+			// means this view of leadership is stale: do nothing).
+			if a.Term < term && !sl.recording {
+				sl.recording = true
+				n.goFunc(func() { n.recordTerm(shard, term) })
+			}
 			n.leases.mu.Unlock()
 			continue
 		}
@@ -210,13 +266,40 @@ func (n *Node) expireLapsed() {
 		}
 		n.leases.mu.Unlock()
 		for _, s := range lapsed {
-			n.log.Info("expiring session", "shard", shard, "session", s.ID, "owner", s.Owner, "held", s.Held, "waiting", s.Waiting)
+			n.log.Info("expiring session", "shard", shard, "term", term, "session", s.ID, "owner", s.Owner, "held", s.Held, "waiting", s.Waiting)
 			n.goFunc(func() {
 				ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
 				defer cancel()
-				_, _ = n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.ID})
+				res, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.ID, Term: term})
+				if err == nil && res.Status == lockfsm.StatusStaleTerm {
+					n.log.Info("session expiry refused: decided in a term that has ended", "shard", shard, "session", s.ID, "err", res.Err)
+				}
 			})
 		}
+	}
+}
+
+// recordTerm commits LeaderTerm for term on shard (rule 0), as long as this
+// peer still leads the shard in that term. The expiry loop proposes it
+// again if this try does not land.
+func (n *Node) recordTerm(shard, term uint64) {
+	defer func() {
+		n.leases.mu.Lock()
+		if sl := n.leases.shards[shard]; sl != nil && sl.term == term {
+			sl.recording = false
+		}
+		n.leases.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(n.ctx, n.proposalTimeout())
+	defer cancel()
+	res, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: term})
+	if err != nil {
+		n.log.Debug("record leader term", "shard", shard, "term", term, "err", err)
+		return
+	}
+	if res.Status == lockfsm.StatusOK {
+		n.log.Debug("leader term recorded", "shard", shard, "term", term)
+		// Keepalives refused meanwhile are retried by their senders.
 	}
 }
 

@@ -95,35 +95,42 @@ func (l *Lock) heldErr(err error) error {
 }
 
 // Unlock releases the lock and, in the same Raft entry, grants it to the
-// next waiter. It returns an error wrapping ErrLeaseExpired when the lease
-// was lost before the call (another holder may have been granted the key
-// meanwhile), and ErrNotHeld when the lock was already unlocked.
+// next waiter, and waits until the release has committed or ctx ends.
 //
-// Unlock waits for the release to commit; Release does not.
+// Whatever the outcome, the lock is over for the caller once Unlock is
+// called: Done closes before the release is proposed, and Err returns
+// ErrNotHeld. A release that has not committed when ctx ends goes on in the
+// background, exactly as with Release; Unlock then returns an error
+// wrapping ctx's error that says the release is not known to have
+// committed (the key stays held in the cluster until it commits, or until
+// the session expires if it never can). A nil error means the release
+// committed.
+//
+// Unlock returns an error wrapping ErrLeaseExpired when the lease was lost
+// before the call (another holder may have been granted the key
+// meanwhile), and ErrNotHeld when the lock was already unlocked.
 func (l *Lock) Unlock(ctx context.Context) error {
-	if err := l.Err(); err != nil {
-		return l.heldErr(err)
+	if err := l.end(); err != nil {
+		return err
 	}
-	res, err := l.s.release(ctx, l.req)
-	if err != nil {
-		return fmt.Errorf("unlock %q: %w", l.key, err)
+	select {
+	case o := <-l.releaseInBackground():
+		if o.err != nil {
+			return fmt.Errorf("unlock %q: %w", l.key, o.err)
+		}
+		switch o.res.Status {
+		case lockfsm.StatusOK:
+			return nil
+		case lockfsm.StatusNoSession:
+			return fmt.Errorf("unlock %q: session expired before unlock: %w", l.key, ErrLeaseExpired)
+		case lockfsm.StatusNotHeld:
+			return fmt.Errorf("unlock %q: %w", l.key, ErrNotHeld)
+		default:
+			return fmt.Errorf("unlock %q: %s", l.key, describe(o.res))
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("unlock %q: the release is not known to have committed; it goes on in the background: %w", l.key, ctx.Err())
 	}
-	l.s.mu.Lock()
-	delete(l.s.locks, l.req)
-	l.s.mu.Unlock()
-	switch res.Status {
-	case lockfsm.StatusOK:
-		l.lose(fmt.Errorf("%w: unlocked", ErrNotHeld))
-		return nil
-	case lockfsm.StatusNoSession:
-		err = fmt.Errorf("unlock %q: session expired before unlock: %w", l.key, ErrLeaseExpired)
-	case lockfsm.StatusNotHeld:
-		err = fmt.Errorf("unlock %q: %w", l.key, ErrNotHeld)
-	default:
-		err = fmt.Errorf("unlock %q: %s", l.key, describe(res))
-	}
-	l.lose(err)
-	return err
 }
 
 // Release gives the lock up without waiting for the cluster, as
@@ -141,19 +148,38 @@ func (l *Lock) Unlock(ctx context.Context) error {
 // node's other locks on that shard report ErrLeaseExpired. Release returns
 // the same errors as Unlock for a lock that was already unlocked or lost.
 func (l *Lock) Release() error {
+	if err := l.end(); err != nil {
+		return err
+	}
+	l.releaseInBackground()
+	return nil
+}
+
+// end closes Done because the caller gives the lock up, or returns the
+// error for a lock that was already given up or lost.
+func (l *Lock) end() error {
 	if err := l.Err(); err != nil {
 		return l.heldErr(err)
 	}
 	if !l.claim(fmt.Errorf("%w: released", ErrNotHeld)) {
 		return l.heldErr(l.Err())
 	}
+	return nil
+}
+
+// releaseInBackground commits the release of l, bounded by the session
+// TTL, and sends its outcome on the returned channel (buffered: nobody
+// needs to read it). A Lock of the same key on this node waits for it.
+func (l *Lock) releaseInBackground() <-chan outcome {
 	s, n := l.s, l.n
+	out := make(chan outcome, 1)
 	done := s.startRelease(l)
 	n.goFunc(func() {
 		defer s.endRelease(l.key, done)
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
 		defer cancel()
 		res, err := s.release(ctx, l.req)
+		out <- outcome{res: res, err: err}
 		if err != nil && !n.isClosed() {
 			s.lose(fmt.Errorf("%w: release of %q on shard %d did not commit: %v", ErrLeaseExpired, l.key, s.shard, err))
 			return
@@ -162,7 +188,7 @@ func (l *Lock) Release() error {
 			n.log.Debug("release not applied", "key", l.key, "shard", s.shard, "result", describe(res))
 		}
 	})
-	return nil
+	return out
 }
 
 // Lock blocks until key is granted to this caller, in FIFO order among the

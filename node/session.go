@@ -211,13 +211,23 @@ func (s *session) ack() uint64 {
 }
 
 // extend moves the lease deadline after a keepalive sent at sent was
-// acknowledged.
+// acknowledged. A lease whose deadline has already passed is never
+// revived, even if its timer has not run yet: the holder may have been
+// told its lock is lost, and the leader may be expiring the session. It
+// is lost now instead.
 func (s *session) extend(sent time.Time) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.lostErr == nil {
-		s.extendLocked(sent)
+	if s.lostErr != nil {
+		s.mu.Unlock()
+		return
 	}
+	if s.n.now().Before(s.deadline) {
+		s.extendLocked(sent)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.checkDeadline()
 }
 
 func (s *session) extendLocked(sent time.Time) {
@@ -298,10 +308,25 @@ func (s *session) lose(err error) {
 	}
 }
 
+// closeOnCluster closes the session on the cluster so its locks are handed
+// on without waiting for the leader to expire it. A close that cannot
+// commit (the shard has no quorum) is tried again, a TTL at a time, until
+// it lands or the node closes: when the quorum returns, the keys are freed
+// at the next try instead of a full TTL after the new leader's grace.
 func (s *session) closeOnCluster(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, s.n.cfg.SessionTTL)
-	defer cancel()
-	_, _ = s.n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCloseSession, Session: s.id})
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, s.n.cfg.SessionTTL)
+		_, err := s.n.apply(tctx, s.shard, lockfsm.Command{Op: lockfsm.OpCloseSession, Session: s.id})
+		cancel()
+		if err == nil || ctx.Err() != nil || s.n.isClosed() {
+			return
+		}
+		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			s.n.log.Warn("session close failed", "shard", s.shard, "session", s.id, "err", err)
+			return
+		}
+		s.n.log.Info("session close not committed yet; trying again", "shard", s.shard, "session", s.id, "try", try, "err", err)
+	}
 }
 
 // closeSessions closes every session on the cluster, handing their locks to
