@@ -15,6 +15,17 @@
 // graceful version. Both release everything the session holds, drop its
 // waiters and forget it; later commands for it get StatusNoSession.
 //
+// # Leader terms
+//
+// An expiry is a decision of one leader, taken on its own clock and its own
+// view of keepalives, and only that leader's term may act on it. A new
+// leader commits OpLeaderTerm with its Raft term before it acknowledges a
+// keepalive or expires anything; the state keeps the highest term recorded
+// (in snapshots too), and applies an OpExpireSession only if its Term is
+// that term. Any other is answered StatusStaleTerm and changes nothing, so
+// an expiry decided by a leader that was deposed while paused, and then
+// forwarded to or retried on its successor, never ends a live session.
+//
 // # Lock attempts
 //
 // An attempt is named by (Session, Req), where Req is a request id the
@@ -65,7 +76,8 @@
 // # Encoding
 //
 // Command batches, results and snapshots are canonical msgpack behind a
-// Version byte. Decoders take untrusted input: they never panic, bound every
+// Version byte; decoders read MinVersion to Version, so logs and snapshots
+// written by an earlier release replay after an upgrade. Decoders take untrusted input: they never panic, bound every
 // size (MaxEntrySize, MaxBatch, MaxKeyLen, MaxOwnerLen, MaxErrLen,
 // MaxSnapshotSize) and check container lengths against the input left before
 // allocating. Snapshots are sorted, so equal states give equal bytes and

@@ -41,10 +41,10 @@ func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
 		c.lastToken[g.Key] = g.Token
 	}
 	for i, r := range rs {
-		if r.Status < StatusOK || r.Status > StatusInvalid {
+		if r.Status < StatusOK || r.Status > StatusStaleTerm {
 			return rs, gs, fmt.Errorf("entry %d: command %d: bad status %d", c.index, i, r.Status)
 		}
-		if (r.Status == StatusInvalid) != (r.Err != "") {
+		if (r.Status == StatusInvalid || r.Status == StatusStaleTerm) != (r.Err != "") {
 			return rs, gs, fmt.Errorf("entry %d: command %d: status %v with err %q", c.index, i, r.Status, r.Err)
 		}
 	}
@@ -102,10 +102,15 @@ func genLog(data []byte) [][]Command {
 				c.Op = OpCancel
 			case 12:
 				c.Op = OpExpireSession
+				c.Term = uint64(next() % 3)
 			case 13:
 				c.Op = OpCloseSession
 			case 14:
 				c.Op = Op(b) // mostly unknown ops
+				if b&0x40 != 0 {
+					c.Op = OpLeaderTerm
+					c.Term = uint64(next() % 3) // 0 is invalid
+				}
 			default:
 				c.Op = OpAcquire
 				c.Limit = 1

@@ -190,7 +190,7 @@ type Result struct {
 	// Token is the fencing token of the grant (Granted, Released, and OK of a
 	// Release that released or had released a grant).
 	Token uint64
-	// Err explains a StatusInvalid.
+	// Err explains a StatusInvalid or a StatusStaleTerm.
 	Err string
 }
 

@@ -1,6 +1,7 @@
 package lockfsm
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 	"testing"
@@ -33,6 +34,13 @@ func cancel(sess, target uint64) Command {
 func expire(sess uint64) Command { return Command{Op: OpExpireSession, Session: sess} }
 func closeS(sess uint64) Command { return Command{Op: OpCloseSession, Session: sess} }
 
+// expireIn is an ExpireSession decided by the leader of term.
+func expireIn(sess, term uint64) Command {
+	return Command{Op: OpExpireSession, Session: sess, Term: term}
+}
+
+func leaderTerm(term uint64) Command { return Command{Op: OpLeaderTerm, Term: term} }
+
 var (
 	ok        = Result{Status: StatusOK}
 	queued    = Result{Status: StatusQueued}
@@ -41,6 +49,7 @@ var (
 	notHeld   = Result{Status: StatusNotHeld}
 	noSession = Result{Status: StatusNoSession}
 	bad       = Result{Status: StatusInvalid, Err: "*"} // any non-empty Err
+	staleTerm = Result{Status: StatusStaleTerm, Err: "*"}
 )
 
 func granted(tok uint64) Result  { return Result{Status: StatusGranted, Token: tok} }
@@ -360,6 +369,7 @@ func TestApplyTable(t *testing.T) {
 			one(Command{Op: OpOpenSession, Owner: "p", TTLMillis: 10}, Result{Status: StatusOK, Session: 5}),
 		}},
 	}
+	cases = append(cases, termCases...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newChecker()
@@ -417,5 +427,86 @@ func TestValidateKey(t *testing.T) {
 		if err := ValidateKey(key); (err == nil) != want {
 			t.Errorf("ValidateKey(%d bytes) = %v", len(key), err)
 		}
+	}
+}
+
+// termCases are the rules of the term fence (docs/SAFETY.md, rule 0): an
+// ExpireSession applies only in the leader term the state has recorded,
+// and recorded terms only grow.
+var termCases = []tcase{
+	{name: "expiry in the recorded term ends the session and hands off", steps: []step{
+		one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+		one(acq(B, 1, "x", true), queued),
+		one(leaderTerm(4), ok),
+		one(expireIn(A, 4), ok, g("x", B, 1, 2)),
+		one(expireIn(A, 4), noSession),
+	}},
+	{name: "expiry decided in an ended term is refused", steps: []step{
+		one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+		one(acq(B, 1, "x", true), queued),
+		one(leaderTerm(4), ok),
+		one(leaderTerm(5), ok), // the successor took over
+		one(expireIn(A, 4), staleTerm),
+		one(expire(A), staleTerm), // term 0: from before any term was recorded
+		one(rel(A, 1), okTok(1), g("x", B, 1, 2)),
+	}, check: func(t *testing.T, s *State) {
+		if s.Term() != 5 {
+			t.Errorf("Term() = %d, want 5", s.Term())
+		}
+	}},
+	{name: "expiry from a term not yet recorded is refused", steps: []step{
+		one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+		one(leaderTerm(4), ok),
+		one(expireIn(A, 5), staleTerm),
+		one(leaderTerm(5), ok),
+		one(expireIn(A, 5), ok),
+	}},
+	{name: "a refused expiry in a batch leaves the other commands alone", steps: []step{
+		one(leaderTerm(2), ok),
+		one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+		{cmds: []Command{expireIn(A, 1), acq(B, 1, "x", false), expireIn(A, 2), acq(C, 1, "x", false)},
+			want:   []Result{staleTerm, locked, ok, granted(2)},
+			grants: []Grant{g("x", C, 1, 2)}},
+	}},
+	{name: "recorded terms only grow", steps: []step{
+		one(leaderTerm(7), ok),
+		one(leaderTerm(7), ok), // a retried LeaderTerm
+		one(leaderTerm(6), staleTerm),
+		one(leaderTerm(0), bad),
+	}, check: func(t *testing.T, s *State) {
+		if s.Term() != 7 {
+			t.Errorf("Term() = %d, want 7", s.Term())
+		}
+	}},
+	{name: "no expiry is refused before any term is recorded (logs of version 1)", steps: []step{
+		one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+		one(expire(A), ok),
+	}},
+}
+
+// The recorded term survives a snapshot: a replica restored from one must
+// refuse the same stale expiries as one that applied the whole log.
+func TestSnapshotKeepsTerm(t *testing.T) {
+	s := New()
+	s.Apply(1, []Command{{Op: OpOpenSession, Owner: "n", TTLMillis: 1000}})
+	s.Apply(2, []Command{leaderTerm(9)})
+	r := New()
+	if err := r.Load(bytes.NewReader(snapshot(t, s))); err != nil {
+		t.Fatal(err)
+	}
+	if r.Term() != 9 {
+		t.Fatalf("restored Term() = %d, want 9", r.Term())
+	}
+	rs, _ := r.Apply(3, []Command{expireIn(1, 8)})
+	if rs[0].Status != StatusStaleTerm {
+		t.Fatalf("restored state applied an expiry of term 8: %+v", rs[0])
+	}
+	// A version 1 snapshot ([index, lastToken, sessions, keys]) loads with term 0.
+	v1 := []byte{1, 0x94, 0x05, 0x03, 0x90, 0x90}
+	if err := r.Load(bytes.NewReader(v1)); err != nil {
+		t.Fatalf("version 1 snapshot: %v", err)
+	}
+	if r.Term() != 0 || r.Index() != 5 || r.Stats().NextToken != 4 {
+		t.Fatalf("version 1 snapshot loaded as term %d index %d stats %+v", r.Term(), r.Index(), r.Stats())
 	}
 }
