@@ -8,12 +8,26 @@
 //
 // A peer started later with -expect 0 joins the existing cluster, which
 // admits it and moves replicas onto it. With -lock KEY it takes the lock
-// once it is ready and reports on stdout, one line each:
+// once it is ready (with -lock-on-usr1, once it also got SIGUSR1) and
+// reports on stdout, one line each:
 //
 //	ready NAME gossip=ADDR
-//	acquired KEY token=N
-//	released KEY          (after -hold, or when signalled while holding)
-//	lost KEY: ERR         (the lease ended before the release)
+//	acquired KEY token=N at=UNIXNANO
+//	held KEY token=N at=UNIXNANO   (every -report-held interval while Done is open)
+//	released KEY                   (after -hold, or when signalled while holding)
+//	lost KEY: ERR                  (the lease ended before the release)
+//
+// The at= times are the wall clock in nanoseconds since 1970, so that lines
+// of peers on one machine can be ordered. An acquired line's time is read
+// after Lock returned, a held line's before Done was found open: the grant
+// happened no later, and the holder still relied on the lock no earlier,
+// than the time printed. A test that finds a held line later than another
+// holder's acquired line has seen two holders at once.
+//
+// -report-leader KEY prints, whenever this peer's view of who leads KEY's
+// shard changes (checked every 10ms), where "-" means no known leader:
+//
+//	leader KEY shard=ID NAME at=UNIXNANO
 //
 // -loop N repeats lock/hold/unlock N times. -print-placement N first waits
 // until gossip shows N live peers and the layout has settled over them
@@ -33,6 +47,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -43,6 +58,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -56,6 +72,14 @@ type config struct {
 	hold     time.Duration // how long to hold it; 0 means until signalled
 	loop     int           // lock/hold/unlock rounds
 	logLevel slog.Level
+
+	// lockOnUSR1 delays taking the -lock key until SIGUSR1 arrives, so a
+	// test can start a peer early and have it queue at a chosen moment.
+	lockOnUSR1 bool
+	// reportHeld is the interval of held lines; 0 prints none.
+	reportHeld time.Duration
+	// reportLeader is the key whose shard leader to report; empty for none.
+	reportLeader string
 
 	// printPlacement is the number of live peers to wait for before
 	// printing the settled layout; 0 prints nothing.
@@ -84,9 +108,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg.node.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	// Lines come from the lock loop and the leader reporter at once.
+	stdout = &lineWriter{w: stdout}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Before anything starts: a SIGUSR1 that arrives early must not kill
+	// the process (its default action) but count as the go-ahead.
+	usr1 := make(chan os.Signal, 1)
+	if cfg.lockOnUSR1 {
+		signal.Notify(usr1, syscall.SIGUSR1)
+		defer signal.Stop(usr1)
+	}
 	n, err := node.Start(ctx, cfg.node)
 	if err != nil && ctx.Err() != nil {
 		return 0 // signalled while joining
@@ -108,14 +141,32 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
+	reporting := make(chan struct{})
+	if cfg.reportLeader != "" && ctx.Err() == nil {
+		go func() {
+			defer close(reporting)
+			if err := reportLeader(ctx, n, cfg.reportLeader, stdout); err != nil && ctx.Err() == nil {
+				fmt.Fprintf(stderr, "peer: report leader: %v\n", err)
+			}
+		}()
+	} else {
+		close(reporting)
+	}
+	if cfg.lockOnUSR1 {
+		select {
+		case <-usr1:
+		case <-ctx.Done():
+		}
+	}
 	for i := 0; i < cfg.loop && cfg.lock != "" && ctx.Err() == nil; i++ {
-		if err := lockOnce(ctx, n, cfg.lock, cfg.hold, stdout); err != nil {
+		if err := lockOnce(ctx, n, cfg, stdout); err != nil {
 			fmt.Fprintf(stderr, "peer: %v\n", err)
 			return 1
 		}
 	}
 	<-ctx.Done()
 	stop() // a second signal kills the process if Close hangs
+	<-reporting
 	if err := n.Close(); err != nil {
 		fmt.Fprintf(stderr, "peer: close: %v\n", err)
 		return 1
@@ -225,9 +276,44 @@ func settled(shards []node.ShardInfo, members []node.Member, want int) bool {
 	return hi-lo <= 1
 }
 
-// lockOnce takes key, holds it for hold (0: until ctx ends) or until its
-// lease is lost, and releases it. A lock call cut short by ctx is no error.
-func lockOnce(ctx context.Context, n *node.Node, key string, hold time.Duration, stdout io.Writer) error {
+// reportLeader prints a leader line for key's shard each time this peer's
+// view of its leader changes, until ctx ends.
+func reportLeader(ctx context.Context, n *node.Node, key string, stdout io.Writer) error {
+	info, err := n.Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	last := ""
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		shards, err := n.Placement(ctx)
+		if err != nil {
+			return err
+		}
+		for _, s := range shards {
+			if s.Shard != info.Shard {
+				continue
+			}
+			leader := cmp.Or(s.Leader, "-")
+			if leader != last {
+				fmt.Fprintf(stdout, "leader %s shard=%d %s at=%d\n", key, s.Shard, leader, time.Now().UnixNano())
+				last = leader
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// lockOnce takes the -lock key, holds it for -hold (0: until ctx ends) or
+// until its lease is lost, and releases it. A lock call cut short by ctx is
+// no error.
+func lockOnce(ctx context.Context, n *node.Node, cfg config, stdout io.Writer) error {
+	key := cfg.lock
 	l, err := n.Lock(ctx, key)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -235,20 +321,40 @@ func lockOnce(ctx context.Context, n *node.Node, key string, hold time.Duration,
 		}
 		return err
 	}
-	fmt.Fprintf(stdout, "acquired %s token=%d\n", key, l.Token())
+	fmt.Fprintf(stdout, "acquired %s token=%d at=%d\n", key, l.Token(), time.Now().UnixNano())
 
-	var expired <-chan time.Time
-	if hold > 0 {
-		t := time.NewTimer(hold)
+	var expired, report <-chan time.Time
+	if cfg.hold > 0 {
+		t := time.NewTimer(cfg.hold)
 		defer t.Stop()
 		expired = t.C
 	}
-	select {
-	case <-l.Done():
-		fmt.Fprintf(stdout, "lost %s: %v\n", key, l.Err())
-		return nil
-	case <-expired:
-	case <-ctx.Done():
+	if cfg.reportHeld > 0 {
+		t := time.NewTicker(cfg.reportHeld)
+		defer t.Stop()
+		report = t.C
+	}
+wait:
+	for {
+		select {
+		case <-l.Done():
+			fmt.Fprintf(stdout, "lost %s: %v\n", key, l.Err())
+			return nil
+		case <-report:
+			// The time first, then the check: Done was open at a moment
+			// no earlier than the time printed (see the package comment).
+			at := time.Now().UnixNano()
+			select {
+			case <-l.Done():
+				continue // reported as lost on the next round
+			default:
+			}
+			fmt.Fprintf(stdout, "held %s token=%d at=%d\n", key, l.Token(), at)
+		case <-expired:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
 	}
 	uctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -308,6 +414,9 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.DurationVar(&cfg.hold, "hold", 0, "hold the -lock key this `duration`; 0 holds it until signalled")
 	fs.IntVar(&cfg.loop, "loop", 1, "repeat lock/hold/unlock `n` times")
 	fs.IntVar(&cfg.printPlacement, "print-placement", 0, "before locking, wait until `n` live peers share a settled layout and print it")
+	fs.BoolVar(&cfg.lockOnUSR1, "lock-on-usr1", false, "take the -lock key only once the process gets SIGUSR1")
+	fs.DurationVar(&cfg.reportHeld, "report-held", 0, "while holding the -lock key, print a held line every `interval`; 0 prints none")
+	fs.StringVar(&cfg.reportLeader, "report-leader", "", "print a leader line whenever this peer's view of the leader of `key`'s shard changes")
 
 	finish = func() error {
 		for _, a := range strings.Split(*join, ",") {
@@ -331,12 +440,29 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 			return fmt.Errorf("-print-placement %d is negative", cfg.printPlacement)
 		case cfg.loop < 1:
 			return fmt.Errorf("-loop %d must be at least 1", cfg.loop)
-		case cfg.lock == "" && (cfg.loop != 1 || cfg.hold != 0):
-			return errors.New("-hold and -loop need -lock KEY")
+		case cfg.reportHeld < 0:
+			return fmt.Errorf("-report-held %v is negative", cfg.reportHeld)
+		case cfg.lock == "" && (cfg.loop != 1 || cfg.hold != 0 || cfg.lockOnUSR1 || cfg.reportHeld != 0):
+			return errors.New("-hold, -loop, -lock-on-usr1 and -report-held need -lock KEY")
 		case cfg.lock != "" && len(cfg.lock) > node.MaxKeyLen:
 			return fmt.Errorf("-lock key is %d bytes; at most %d", len(cfg.lock), node.MaxKeyLen)
+		case len(cfg.reportLeader) > node.MaxKeyLen:
+			return fmt.Errorf("-report-leader key is %d bytes; at most %d", len(cfg.reportLeader), node.MaxKeyLen)
 		}
 		return nc.Validate()
 	}
 	return fs, finish
+}
+
+// lineWriter serialises writes from several goroutines; each Fprintf of a
+// line is one Write, so lines never interleave.
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (lw *lineWriter) Write(p []byte) (int, error) {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.w.Write(p)
 }

@@ -25,7 +25,8 @@ func TestParseFlags(t *testing.T) {
 	with := func(extra ...string) []string { return append(append([]string(nil), base...), extra...) }
 
 	cfg, err := parseFlags(with("-name", "p1", "-expect", "3", "-join", "127.0.0.1:7011, 127.0.0.1:7021,",
-		"-shards", "4", "-rf", "5", "-ttl", "2s", "-rtt", "10ms", "-log-level", "debug", "-lock", "job", "-hold", "3s", "-loop", "2"))
+		"-shards", "4", "-rf", "5", "-ttl", "2s", "-rtt", "10ms", "-log-level", "debug", "-lock", "job", "-hold", "3s", "-loop", "2",
+		"-lock-on-usr1", "-report-held", "20ms", "-report-leader", "other"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,6 +42,9 @@ func TestParseFlags(t *testing.T) {
 	}
 	if cfg.lock != "job" || cfg.hold != 3*time.Second || cfg.loop != 2 || cfg.logLevel.String() != "DEBUG" {
 		t.Errorf("demo settings: %+v", cfg)
+	}
+	if !cfg.lockOnUSR1 || cfg.reportHeld != 20*time.Millisecond || cfg.reportLeader != "other" {
+		t.Errorf("report settings: %+v", cfg)
 	}
 
 	cfg, err = parseFlags(with("-join", "127.0.0.1:7011"))
@@ -65,6 +69,10 @@ func TestParseFlags(t *testing.T) {
 		{with("-expect", "3", "-lock", "job", "-hold", "-1s"), "-hold"},
 		{with("-expect", "3", "-lock", "job", "-loop", "0"), "-loop"},
 		{with("-expect", "3", "-loop", "3"), "need -lock"},
+		{with("-expect", "3", "-report-held", "20ms"), "need -lock"},
+		{with("-expect", "3", "-lock-on-usr1"), "need -lock"},
+		{with("-expect", "3", "-lock", "job", "-report-held", "-1s"), "-report-held"},
+		{with("-expect", "3", "-report-leader", strings.Repeat("k", node.MaxKeyLen+1)), "-report-leader"},
 		{with("-expect", "3", "-lock", strings.Repeat("k", node.MaxKeyLen+1)), "-lock"},
 		{with("-expect", "-1"), "BootstrapExpect"},
 		{with("-expect", "3", "-ttl", "1s", "-rtt", "50ms"), "SessionTTL"},
