@@ -240,6 +240,13 @@ type cluster struct {
 
 	mu    sync.Mutex
 	procs []*proc
+
+	// observers see every line await and drain take from events, in
+	// order, on the test goroutine; they may fail the test.
+	observers []func(event)
+	// lostOK lets await take "lost" lines: the scenario expects leases to
+	// end, and an observer judges them.
+	lostOK bool
 }
 
 type event struct {
@@ -315,16 +322,32 @@ func (c *cluster) kill(p *proc) {
 	}
 }
 
+// observe has f see every line taken from now on.
+func (c *cluster) observe(f func(event)) { c.observers = append(c.observers, f) }
+
+// note logs a line taken from events and shows it to the observers. Held
+// lines come every few milliseconds and are left to the observers.
+func (c *cluster) note(e event) {
+	c.t.Helper()
+	if !strings.HasPrefix(e.line, "held ") {
+		c.t.Logf("%s: %s", e.p.name, e.line)
+	}
+	for _, f := range c.observers {
+		f(e)
+	}
+}
+
 // await returns the first line that matches want, failing the test after
-// timeout or on any "lost" line: no lease is lost in these scenarios.
+// timeout or on any "lost" line (unless lostOK): no lease is lost in these
+// scenarios.
 func (c *cluster) await(timeout time.Duration, what string, want func(event) bool) event {
 	c.t.Helper()
 	deadline := time.After(timeout)
 	for {
 		select {
 		case e := <-c.events:
-			c.t.Logf("%s: %s", e.p.name, e.line)
-			if strings.HasPrefix(e.line, "lost") {
+			c.note(e)
+			if strings.HasPrefix(e.line, "lost") && !c.lostOK {
 				c.t.Fatalf("while waiting for %s: %s printed %q", what, e.p.name, e.line)
 			}
 			if want(e) {
@@ -344,10 +367,24 @@ func (c *cluster) quiet(d time.Duration, what string, bad func(event) bool) {
 	for {
 		select {
 		case e := <-c.events:
-			c.t.Logf("%s: %s", e.p.name, e.line)
+			c.note(e)
 			if bad(e) || strings.HasPrefix(e.line, "lost") {
 				c.t.Fatalf("%s: %s printed %q", what, e.p.name, e.line)
 			}
+		case <-deadline:
+			return
+		}
+	}
+}
+
+// drain takes every line for d and leaves them to the observers.
+func (c *cluster) drain(d time.Duration) {
+	c.t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case e := <-c.events:
+			c.note(e)
 		case <-deadline:
 			return
 		}
