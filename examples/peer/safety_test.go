@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -176,6 +177,146 @@ func pauseShardLeader(t *testing.T, bin string, holderLeads bool, led *ledger) {
 		c.drain(time.Second)
 	}
 	led.summary()
+}
+
+// TestProcessesWipedDataDir crashes a server, deletes its data dir and
+// starts it again under the same name and addresses. Its old replica ids
+// then stand for Raft logs that are gone: before the fix, the wiped peer ran
+// them with empty logs, voted, and formed a quorum with a survivor that
+// lacked the latest commits, and a new client was granted job with a token
+// that had been issued before.
+//
+// Three servers hand job around (c1 takes and releases it five times). s3
+// is stopped (SIGSTOP) before c2 takes job, so c2's grant, token T, is
+// committed on s1 and s2 only. s1 is crashed and wiped, s2 crashed, s3
+// resumed and the wiped s1 started: only s1's old data dir and s2's held
+// T. (s2 is crashed before s1 starts because a wiped peer started beside a
+// full replica copies the log back from it, and nothing would be lost.)
+//
+// Whatever the wiped peer does (refuse to run its old replicas, or be
+// admitted later as a new peer), no grant of job may come with a token up to
+// T, nor while the holder still reports holding it; job may well be
+// unavailable while only the wiped s1 and the lagging s3 run. Once s2 is
+// back, a quorum knows T again and a new client must be granted job above
+// it. The wiped peer must say on stderr why it does not run its old
+// replicas. It runs LOCKMESH_REPRO_RUNS times.
+func TestProcessesWipedDataDir(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the program and runs 6 peer processes per run")
+	}
+	runs := reproRuns(t)
+	bin := buildPeer(t)
+	unsafe := 0
+	for i := 1; i <= runs; i++ {
+		var led *ledger
+		t.Run(fmt.Sprintf("run-%d", i), func(t *testing.T) {
+			led = newLedger(t, "job")
+			wipeDataDir(t, bin, led)
+		})
+		if led.violations > 0 {
+			unsafe++
+		}
+	}
+	t.Logf("%d runs, %d with a grant that reused a token or overlapped a holder", runs, unsafe)
+}
+
+func wipeDataDir(t *testing.T, bin string, led *ledger) {
+	const ttl = 2 * time.Second
+	c := newCluster(t, bin)
+	c.resumeOnCleanup()
+	c.lostOK = true // c2 loses its lease when the shard loses its quorum
+	c.observe(led.note)
+	ready := map[*proc]bool{}
+	c.observe(func(e event) {
+		if strings.HasPrefix(e.line, "ready") {
+			ready[e.p] = true
+		}
+	})
+	servers := []string{"s1", "s2", "s3"}
+	args, joinAllBut := c.layout(t, servers, []string{"c1", "c2", "c3"}, ttl.String())
+	procs := c.startServers(servers, args, joinAllBut)
+	restart := func(name string) *proc {
+		return c.start(name, append(args[name], "-expect", "3", "-join", joinAllBut(name))...)
+	}
+	client := func(name string, extra ...string) *proc {
+		return c.start(name, append(append(args[name], "-client", "-join", joinAllBut(""), "-lock", "job", "-report-held", "20ms"), extra...)...)
+	}
+	c1 := client("c1", "-loop", "5", "-hold", "100ms")
+	c2 := client("c2", "-lock-on-usr1")
+	c3 := client("c3", "-lock-on-usr1")
+	released := 0
+	c.observe(func(e event) {
+		if e.p == c1 && e.line == "released job" {
+			released++
+		}
+	})
+	c.until(30*time.Second, "c1 to lock and unlock job 5 times, and c2 and c3 ready", func() bool {
+		return released == 5 && ready[c2] && ready[c3]
+	})
+
+	// s3 falls behind: c2's grant is committed on s1 and s2 only.
+	lagging := procs["s3"]
+	c.signal(lagging, syscall.SIGSTOP)
+	c.signal(c2, syscall.SIGUSR1)
+	c.until(20*time.Second, "c2 to acquire job with s3 stopped", func() bool { return led.last(c2) != nil })
+	top := led.maxToken()
+	t.Logf("c2 holds job with token %d, the highest issued, committed without s3", top)
+
+	// s1 loses its data dir, s2 crashes; s3 resumes and s1 starts again.
+	c.kill(procs["s1"])
+	if err := os.RemoveAll(filepath.Join(c.dir, "s1")); err != nil {
+		t.Fatal(err)
+	}
+	c.kill(procs["s2"])
+	c.signal(lagging, syscall.SIGCONT)
+	wipedAt := time.Now()
+	wiped := restart("s1")
+	c.until(30*time.Second, "the wiped s1 to be ready, exit, or say why it waits", func() bool {
+		return ready[wiped] || exited(wiped) || explainsWipe(wiped)
+	})
+	t.Logf("wiped s1: ready=%v exited=%v explained=%v, %v after the restart", ready[wiped], exited(wiped), explainsWipe(wiped),
+		time.Since(wipedAt).Round(time.Millisecond))
+
+	// A new client asks for job: whatever it is granted must come above top.
+	c.signal(c3, syscall.SIGUSR1)
+	c.drain(3 * ttl)
+	if g := led.last(c3); g != nil {
+		t.Logf("c3 was granted job with token %d while only the wiped s1 and s3 ran", g.token)
+	} else {
+		t.Logf("job was unavailable while only the wiped s1 and s3 ran")
+	}
+
+	// s2 comes back with its data: s2 and s3 are a quorum that knows top,
+	// so c3 must get job, above it.
+	restart("s2")
+	c.until(30*time.Second, "c3 to acquire job once s2 is back", func() bool { return led.last(c3) != nil })
+	c.drain(time.Second)
+	for _, g := range led.grants {
+		if g.at.After(wipedAt) && g.token <= top {
+			led.violation(fmt.Sprintf("reused %p", g), "%s was granted job with token %d after s1 was wiped; token %d had been issued before",
+				g.p.name, g.token, top)
+		}
+	}
+	led.summary()
+	if !explainsWipe(wiped) {
+		t.Errorf("the wiped s1 never said on stderr that its data dir does not match the NodeHostID the cluster knows it by "+
+			"(want a line with %q and %q); last lines:\n%s", "NodeHostID", "data dir", wiped.stderr.tail(20))
+	}
+}
+
+// explainsWipe reports whether p said on stderr, on one line, that its data
+// dir does not match the NodeHostID the cluster knows it by.
+func explainsWipe(p *proc) bool {
+	return p.stderr.contains("NodeHostID", "data dir")
+}
+
+func exited(p *proc) bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
 }
 
 // until waits, taking lines meanwhile, until cond holds; it fails the test
