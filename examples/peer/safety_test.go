@@ -75,7 +75,7 @@ func TestProcessesPauseShardLeader(t *testing.T) {
 					doubles++
 				}
 			}
-			t.Logf("%s: %d runs, %d with a double grant", variant, runs, doubles)
+			t.Logf("%s: a double grant in %d of %d runs", variant, doubles, runs)
 		})
 	}
 }
@@ -217,7 +217,7 @@ func TestProcessesWipedDataDir(t *testing.T) {
 			unsafe++
 		}
 	}
-	t.Logf("%d runs, %d with a grant that reused a token or overlapped a holder", runs, unsafe)
+	t.Logf("a grant that reused a token or overlapped a holder in %d of %d runs", unsafe, runs)
 }
 
 func wipeDataDir(t *testing.T, bin string, led *ledger) {
