@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/lockmesh/lockmesh/mesh"
@@ -193,8 +192,13 @@ func (n *Node) commitPlan(p *placement) error {
 	}
 	n.promise = nil
 	if err := n.adopt(p); err != nil {
+		var ie *identityError
+		if errors.As(err, &ie) {
+			n.refuseLayout(ie)
+		}
 		return err
 	}
+	n.refusal.Store(nil)
 	meta := n.localMeta()
 	meta.Cluster = p.ClusterID
 	if err := n.mesh.SetMeta(meta); err != nil {
@@ -204,6 +208,17 @@ func (n *Node) commitPlan(p *placement) error {
 		n.goFunc(func() { n.publishPlacement(p) })
 	}
 	return nil
+}
+
+// refuseLayout records why this peer does not adopt the layout, for lock
+// calls waiting for it, and logs it when the reason is new. The bootstrap
+// loop keeps asking for the layout: once the cluster has replaced the old
+// identity and forgotten the name, the layout no longer lists it and the
+// peer is admitted as a new one, with new replica ids.
+func (n *Node) refuseLayout(ie *identityError) {
+	if old := n.refusal.Swap(ie); old == nil || *old != *ie {
+		n.log.Error("refusing the cluster layout", "err", ie)
+	}
 }
 
 func (n *Node) localMeta() mesh.Meta {
@@ -309,8 +324,10 @@ func (n *Node) loadRecord() (*placement, error) {
 	if _, ok := p.peer(n.cfg.Name); !ok && len(n.cfg.Join) == 0 {
 		return nil, fmt.Errorf("cluster record %s does not list peer %q", path, n.cfg.Name)
 	}
-	if !slices.ContainsFunc(p.Peers, func(pe peerEntry) bool { return pe.Name == n.cfg.Name && pe.NodeHostID != n.nh.ID() }) {
-		return p, nil
+	if ie := p.checkIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
+		return nil, fmt.Errorf("cluster record %s lists peer %q with NodeHostID %s but the Raft data beside it has %s: "+
+			"part of the data dir was deleted or replaced, or it was copied; delete the whole data dir to rejoin as a new peer, or start under a new Name",
+			path, n.cfg.Name, ie.Listed, ie.Local)
 	}
-	return nil, fmt.Errorf("cluster record %s lists peer %q with another NodeHostID than the raft data: was the data dir copied?", path, n.cfg.Name)
+	return p, nil
 }

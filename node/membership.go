@@ -318,8 +318,14 @@ func (n *Node) placementLoop() {
 }
 
 // updatePlacement adopts a newer layout: it records it, starts the replicas
-// it adds here and stops the ones it removed from here.
+// it adds here and stops the ones it removed from here. A layout that lists
+// this peer's name under another NodeHostID (another peer runs under the
+// same Name) is refused: its replicas for the name are not this peer's.
 func (n *Node) updatePlacement(q *placement) error {
+	if ie := q.checkIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
+		n.refuseLayout(ie)
+		return ie
+	}
 	if err := n.saveRecord(q); err != nil {
 		return err
 	}

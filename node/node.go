@@ -48,6 +48,9 @@ type Node struct {
 	bootMu  sync.Mutex
 	promise *placement // bootstrap plan this peer agreed to, not yet committed
 	promDue time.Time
+	// refusal is why this peer does not adopt the cluster's layout: it lists
+	// this peer's name under another NodeHostID. Nil when there is none.
+	refusal atomic.Pointer[identityError]
 
 	batchMu  sync.Mutex
 	batchers map[batcherKey]*batcher
@@ -286,13 +289,21 @@ func (n *Node) waitReady(ctx context.Context) (*placement, error) {
 	case <-n.stop:
 		return nil, ErrClosed
 	case <-ctx.Done():
+		if r := n.refusal.Load(); r != nil {
+			return nil, fmt.Errorf("%w: not admitted to the cluster yet: %w: %w", ErrUnavailable, r, ctx.Err())
+		}
 		return nil, fmt.Errorf("%w: cluster not formed yet (bootstrap expects %d peers): %w", ErrUnavailable, n.cfg.BootstrapExpect, ctx.Err())
 	}
 }
 
 // adopt makes p this peer's layout: it records it in the data dir, starts
-// the replicas p places here and opens lock calls. Called once.
+// the replicas p places here and opens lock calls. Called once. It
+// refuses, with an *identityError, a layout that lists this peer's name
+// under another NodeHostID: those replicas are another data dir's.
 func (n *Node) adopt(p *placement) error {
+	if ie := p.checkIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
+		return ie
+	}
 	if err := n.saveRecord(p); err != nil {
 		return err
 	}
@@ -470,10 +481,15 @@ func (n *Node) warnPlaintext() {
 	}
 }
 
-// rpcAddr resolves a peer name to its transport address from gossip.
+// rpcAddr resolves a peer name to its transport address from gossip. A
+// member gossiping a name the layout lists under another NodeHostID has
+// none: it is not the peer the layout means (see placement.sameIdentity).
 func (n *Node) rpcAddr(name string) (string, bool) {
 	m, ok := n.mesh.Member(name)
 	if !ok || m.State != mesh.StateAlive || m.Meta.RPCAddr == "" {
+		return "", false
+	}
+	if p := n.placement.Load(); p != nil && !p.sameIdentity(m) {
 		return "", false
 	}
 	return m.Meta.RPCAddr, true

@@ -92,6 +92,45 @@ func (p *placement) peer(name string) (peerEntry, bool) {
 	return peerEntry{}, false
 }
 
+// identityError says that the layout lists this peer's name under another
+// NodeHostID: the peer's data dir was wiped or replaced, so the replica ids
+// the layout gives the name belong to Raft logs that are gone. Started with
+// empty logs, those replicas could form a quorum with a lagging member and
+// lose committed grants, so the peer must not run them.
+type identityError struct {
+	Name   string // the peer's name
+	Listed string // the NodeHostID the layout lists under Name
+	Local  string // the NodeHostID of this peer's data dir
+}
+
+func (e *identityError) Error() string {
+	return fmt.Sprintf("the cluster layout lists peer %s with NodeHostID %s but this data dir has %s: "+
+		"the data dir was wiped or replaced; this peer will be admitted as a new peer once the cluster "+
+		"has replaced the old one (DeadAfter, default 30s), or start it under a new Name",
+		e.Name, e.Listed, e.Local)
+}
+
+// checkIdentity returns an error when p lists peer name with a NodeHostID
+// other than nodeHostID, the one of the peer's data dir, and nil when p
+// lists it with nodeHostID or does not list it (a peer new to the layout).
+func (p *placement) checkIdentity(name, nodeHostID string) *identityError {
+	pe, ok := p.peer(name)
+	if !ok || pe.NodeHostID == nodeHostID {
+		return nil
+	}
+	return &identityError{Name: name, Listed: pe.NodeHostID, Local: nodeHostID}
+}
+
+// sameIdentity reports whether gossip member m is the NodeHost p lists
+// under m's name, or a name p does not list. A member that gossips a
+// listed name with another NodeHostID is not the peer the layout placed
+// replicas on (its data dir was wiped): nothing meant for that peer may
+// reach it by name.
+func (p *placement) sameIdentity(m mesh.Member) bool {
+	pe, ok := p.peer(m.Name)
+	return !ok || pe.NodeHostID == m.Meta.NodeHostID
+}
+
 // peerByReplica returns the peer hosting the replica with id, in any shard.
 func (p *placement) peerByReplica(id uint64) (peerEntry, bool) {
 	for _, rs := range p.Replicas {
