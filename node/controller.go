@@ -31,6 +31,7 @@ import (
 type controller struct {
 	mu           sync.Mutex
 	deadSince    map[string]time.Time
+	impostors    map[string]string // name -> NodeHostID gossiped against the layout's, as logged
 	moving       map[uint64]bool
 	lastTransfer time.Time // leadership moves are spaced out by transferGap
 	lastSweep    time.Time // the last comparison of layout and Raft membership
@@ -56,6 +57,7 @@ func (n *Node) controlInterval() time.Duration { return max(5*n.cfg.RTT, 100*tim
 
 func (n *Node) controlLoop() {
 	n.ctrl.deadSince = map[string]time.Time{}
+	n.ctrl.impostors = map[string]string{}
 	n.ctrl.moving = map[uint64]bool{}
 	n.every(n.controlInterval(), func() {
 		if !n.leadsShard(metaShardID) {
@@ -87,9 +89,18 @@ func (n *Node) controlStep() error {
 	now := n.now()
 	alive := map[string]mesh.Member{}
 	for _, m := range n.mesh.Members() {
-		if m.State == mesh.StateAlive && m.Meta.NodeHostID != "" {
-			alive[m.Name] = m
+		if m.State != mesh.StateAlive || m.Meta.NodeHostID == "" {
+			continue
 		}
+		if !p.sameIdentity(m) {
+			// The name is back with another NodeHost: the listed peer's
+			// data dir was wiped, its replicas are gone with their logs,
+			// so it counts as dead and is replaced after DeadAfter. The
+			// new NodeHost is admitted once the name is forgotten.
+			n.noteIdentityChange(p, m)
+			continue
+		}
+		alive[m.Name] = m
 	}
 
 	// 1. Admit new peers.
@@ -200,6 +211,20 @@ func (n *Node) controlStep() error {
 		return nil
 	}
 	return n.balanceLeaders(ctx, p, up)
+}
+
+// noteIdentityChange logs, once per NodeHostID, that gossip member m
+// carries a listed name with another NodeHostID than the layout p.
+func (n *Node) noteIdentityChange(p *placement, m mesh.Member) {
+	pe, _ := p.peer(m.Name)
+	n.ctrl.mu.Lock()
+	seen := n.ctrl.impostors[m.Name] == m.Meta.NodeHostID
+	n.ctrl.impostors[m.Name] = m.Meta.NodeHostID
+	n.ctrl.mu.Unlock()
+	if !seen {
+		n.log.Warn("peer came back with another NodeHostID (data dir wiped or replaced); replacing the old one after DeadAfter, then admitting it as a new peer",
+			"name", m.Name, "layout", pe.NodeHostID, "gossip", m.Meta.NodeHostID, "dead_after", n.cfg.DeadAfter)
+	}
 }
 
 func cmpString(a, b string) int {
@@ -387,8 +412,8 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 	// Wait until the new replica serves a linearizable read: it is a member
 	// and has applied everything committed before the read.
 	for attempt := 0; ; attempt++ {
-		if m, ok := n.mesh.Member(peer); !ok || m.State != mesh.StateAlive {
-			return fmt.Errorf("peer %s went away while its replica %d of shard %d caught up", peer, r.ID, shard)
+		if m, ok := n.mesh.Member(peer); !ok || m.State != mesh.StateAlive || m.Meta.NodeHostID != pe.NodeHostID {
+			return fmt.Errorf("peer %s (NodeHostID %s) went away while its replica %d of shard %d caught up", peer, pe.NodeHostID, r.ID, shard)
 		}
 		if _, err := n.callPeerName(ctx, peer, methodCaughtUp, mustEncode(shardReq{Shard: shard})); err == nil {
 			n.log.Info("replica added", "shard", shard, "peer", peer, "replica", r.ID)
