@@ -35,6 +35,13 @@ type Config struct {
 	Name string
 	// DataDir holds the Raft logs, snapshots and the cluster record. It must
 	// survive restarts for held locks and fencing tokens to survive them.
+	// It is also the peer's identity (its dragonboat NodeHostID). A peer
+	// started on a wiped or replaced DataDir under a Name the cluster still
+	// lists never runs that name's old replicas, whose logs are gone: it
+	// logs an error once, lock calls fail with ErrUnavailable saying why,
+	// and it waits until the cluster has replaced the old identity (DeadAfter
+	// after it went away) and admits it as a new peer with new replicas.
+	// Started under a new Name it is admitted at once.
 	DataDir string
 	// GossipAddr is the host:port memberlist listens on (port 0 picks one).
 	GossipAddr string
