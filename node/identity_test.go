@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -178,6 +179,8 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 		p.cfg.DeadAfter = 2 * time.Second
 	}
 	c.cfg.FS = vfs.NewMem()
+	logs := newLogRecorder()
+	c.cfg.Logger = slog.New(logs)
 	b.start(t)
 	c.start(t)
 	if c.node.nh.ID() == oldHostID {
@@ -265,6 +268,9 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 		}
 	}
 	t.Logf("the wiped peer was readmitted with replicas %v", newIDs)
+	if n := logs.count(slog.LevelError, "refusing the cluster layout"); n != 1 {
+		t.Fatalf("the wiped peer logged its refusal %d times, want once", n)
+	}
 
 	// The key's state and its tokens are intact, seen from the new peer.
 	info, err = c.node.Inspect(ctx, key)
@@ -287,6 +293,19 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 	if err := next.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// count is the number of records at level whose message is msg.
+func (r logRecorder) count(level slog.Level, msg string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := 0
+	for _, rec := range *r.records {
+		if rec.Level == level && rec.Message == msg {
+			c++
+		}
+	}
+	return c
 }
 
 func isReady(n *Node) bool {
