@@ -31,7 +31,7 @@ import (
 type controller struct {
 	mu           sync.Mutex
 	deadSince    map[string]time.Time
-	impostors    map[string]string // name -> NodeHostID gossiped against the layout's, as logged
+	newIdentity  map[string]string // name -> the other NodeHostID gossip shows for it, as last logged
 	moving       map[uint64]bool
 	lastTransfer time.Time // leadership moves are spaced out by transferGap
 	lastSweep    time.Time // the last comparison of layout and Raft membership
@@ -57,7 +57,7 @@ func (n *Node) controlInterval() time.Duration { return max(5*n.cfg.RTT, 100*tim
 
 func (n *Node) controlLoop() {
 	n.ctrl.deadSince = map[string]time.Time{}
-	n.ctrl.impostors = map[string]string{}
+	n.ctrl.newIdentity = map[string]string{}
 	n.ctrl.moving = map[uint64]bool{}
 	n.every(n.controlInterval(), func() {
 		if !n.leadsShard(metaShardID) {
@@ -218,8 +218,8 @@ func (n *Node) controlStep() error {
 func (n *Node) noteIdentityChange(p *placement, m mesh.Member) {
 	pe, _ := p.peer(m.Name)
 	n.ctrl.mu.Lock()
-	seen := n.ctrl.impostors[m.Name] == m.Meta.NodeHostID
-	n.ctrl.impostors[m.Name] = m.Meta.NodeHostID
+	seen := n.ctrl.newIdentity[m.Name] == m.Meta.NodeHostID
+	n.ctrl.newIdentity[m.Name] = m.Meta.NodeHostID
 	n.ctrl.mu.Unlock()
 	if !seen {
 		n.log.Warn("peer came back with another NodeHostID (data dir wiped or replaced); replacing the old one after DeadAfter, then admitting it as a new peer",
