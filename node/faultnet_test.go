@@ -135,14 +135,21 @@ func (g *gate) wait(ctx context.Context) {
 	}
 }
 
-// faultPeer is one peer of a fault cluster. Its in-memory file system,
-// addresses and clock survive kill and restart.
+// faultPeer is one peer of a fault cluster. Its disk, addresses and clock
+// survive kill and restart; a kill loses what the disk had not synced.
 type faultPeer struct {
 	name  string
 	cfg   Config
 	clock *faultClock
 	gate  gate
-	cur   atomic.Pointer[Node]
+	// disk is the peer's strict in-memory file system; its Config.FS is
+	// disk wrapped with stall, which can block its fsyncs.
+	disk  *vfs.MemFS
+	stall *diskStall
+	// incarnation counts the peer's starts: each start is a new apply
+	// stream for the apply log.
+	incarnation int
+	cur         atomic.Pointer[Node]
 	// left is set when the peer is asked to Leave: its workers stop at
 	// the first ErrClosed instead of waiting for a restart.
 	left atomic.Bool
@@ -163,6 +170,8 @@ type faultCluster struct {
 	peers   []*faultPeer
 	retired []*faultPeer
 	opts    faultOpts
+	// applies records every replica's apply stream of the lock shards.
+	applies *applyLog
 	seq     int64
 	started int // peers ever created, for naming
 
@@ -195,7 +204,7 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 	if o.ttl == 0 {
 		o.ttl = time.Second
 	}
-	fc := &faultCluster{t: t, net: faultnet.New(), gossipNet: faultnet.New(), opts: o,
+	fc := &faultCluster{t: t, net: faultnet.New(), gossipNet: faultnet.New(), opts: o, applies: newApplyLog(),
 		seq: faultClusterSeq.Add(1), raftPeer: map[string]string{}, rpcPeer: map[string]string{}, gossipPeer: map[string]string{}}
 	for i := 0; i < o.peers; i++ {
 		fc.peers = append(fc.peers, fc.newPeer(o.peers))
@@ -214,6 +223,7 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 		fc.gossipNet.Heal()
 		for _, p := range append(append([]*faultPeer(nil), fc.peers...), fc.retired...) {
 			p.clock.Reset()
+			p.stall.Release()
 			p.gate.open()
 			if n := p.node(); n != nil {
 				_ = n.Close()
@@ -230,15 +240,15 @@ func startFaultCluster(t testing.TB, o faultOpts) *faultCluster {
 }
 
 // newPeer configures the next peer, peer-<n>, with every fault hook: Raft,
-// RPC and gossip through the fault networks, the fault clock, an in-memory
-// disk. bootstrapExpect 0 makes a peer that joins a running cluster; the
+// RPC and gossip through the fault networks, the fault clock, a strict
+// in-memory disk that can stall. bootstrapExpect 0 makes a peer that joins a running cluster; the
 // caller sets Join.
 func (fc *faultCluster) newPeer(bootstrapExpect int) *faultPeer {
 	t, o := fc.t, fc.opts
 	t.Helper()
 	fc.started++
 	name := fmt.Sprintf("peer-%d", fc.started)
-	p := &faultPeer{name: name, clock: &faultClock{}}
+	p := &faultPeer{name: name, clock: &faultClock{}, disk: newPeerDisk(t, "/data/"+name), stall: &diskStall{}}
 	p.cfg = Config{
 		Name:              name,
 		DataDir:           "/data/" + name,
@@ -251,7 +261,7 @@ func (fc *faultCluster) newPeer(bootstrapExpect int) *faultPeer {
 		SessionTTL:        o.ttl,
 		RTT:               10 * time.Millisecond,
 		Logger:            testLogger(),
-		FS:                vfs.NewMem(),
+		FS:                vfs.Wrap(p.disk, p.stall),
 		Clock:             p.clock,
 	}
 	fc.addrMu.Lock()
@@ -335,7 +345,12 @@ func (fc *faultCluster) start(p *faultPeer) {
 	fc.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n, err := Start(ctx, p.cfg)
+	p.incarnation++
+	cfg := p.cfg
+	if cfg.onApply == nil {
+		cfg.onApply = fc.applies.hook(p.name, p.incarnation)
+	}
+	n, err := Start(ctx, cfg)
 	if err != nil {
 		fc.t.Fatalf("start %s: %v", p.name, err)
 	}
@@ -352,9 +367,19 @@ func (fc *faultCluster) waitReady(p *faultPeer) {
 }
 
 // kill crashes p (no session closed, no goodbye) and stops its workers.
-func (fc *faultCluster) kill(p *faultPeer) {
+// Its disk loses everything not synced before the crash, which kill
+// reports. p's disk must not be stalled.
+func (fc *faultCluster) kill(p *faultPeer) diskLoss {
 	p.gate.close()
-	p.node().kill()
+	return crashDisk(p.disk, p.node().kill)
+}
+
+// replaceDisk gives p a new, empty disk (its data dir created and synced,
+// nothing in it), as when a data dir is wiped or the machine replaced; the
+// stall control carries over. p must not be running.
+func (fc *faultCluster) replaceDisk(p *faultPeer) {
+	p.disk = newPeerDisk(fc.t, p.cfg.DataDir)
+	p.cfg.FS = vfs.Wrap(p.disk, p.stall)
 }
 
 // restart starts p again from its data dir and lets its workers run.
@@ -364,10 +389,14 @@ func (fc *faultCluster) restart(p *faultPeer) {
 	p.gate.open()
 }
 
-// pause simulates SIGSTOP: p's network freezes and its workers stop where
-// they are (holders stay inside). Its node's own goroutines keep running
-// in-process; with freezeClock they see no time pass either.
-func (fc *faultCluster) pause(p *faultPeer, freezeClock bool) {
+// isolateHold cuts p off the network and stops its load workers where they
+// are (holders stay inside, checking nothing); with freezeClock its lease
+// clock stops too. It is not a process pause: the node's own goroutines
+// (dragonboat's ticks and workers, the lease expiry and keepalive loops,
+// Go timers) keep running, and traffic is dropped rather than held. A
+// stalled disk (diskStall) is the closer in-process stand-in for a paused
+// leader; examples/peer's TestProcessesPause stops a real process.
+func (fc *faultCluster) isolateHold(p *faultPeer, freezeClock bool) {
 	p.gate.close()
 	if freezeClock {
 		p.clock.Freeze()
@@ -375,8 +404,9 @@ func (fc *faultCluster) pause(p *faultPeer, freezeClock bool) {
 	fc.net.Isolate(p.name)
 }
 
-// resume undoes pause: the clock catches up with real time at once.
-func (fc *faultCluster) resume(p *faultPeer) {
+// rejoinHeld undoes isolateHold: the clock catches up with real time at
+// once.
+func (fc *faultCluster) rejoinHeld(p *faultPeer) {
 	fc.net.Rejoin(p.name)
 	p.clock.Thaw()
 	p.gate.open()
@@ -389,6 +419,18 @@ func (fc *faultCluster) leaderCounts() map[string]int {
 	for _, p := range fc.peers {
 		counts[p.name] = 0
 	}
+	leaders, _ := fc.shardLeaders()
+	for _, name := range leaders {
+		counts[name]++
+	}
+	return counts
+}
+
+// shardLeaders names the leader of each shard whose leader a live peer
+// knows, and returns the layout it read them through (nil if no peer is
+// live).
+func (fc *faultCluster) shardLeaders() (map[uint64]string, *placement) {
+	leaders := map[uint64]string{}
 	var pl *placement
 	for _, p := range fc.peers {
 		if n := p.node(); n != nil && !n.isClosed() {
@@ -397,7 +439,7 @@ func (fc *faultCluster) leaderCounts() map[string]int {
 		}
 	}
 	if pl == nil {
-		return counts
+		return leaders, nil
 	}
 	for _, shard := range pl.shardIDs() {
 		for _, p := range fc.peers {
@@ -407,13 +449,35 @@ func (fc *faultCluster) leaderCounts() map[string]int {
 			}
 			if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
 				if pe, ok := pl.peerByReplica(id); ok {
-					counts[pe.Name]++
+					leaders[shard] = pe.Name
 					break
 				}
 			}
 		}
 	}
-	return counts
+	return leaders, pl
+}
+
+// leadingKeys picks the peer leading the shards of the most of keys (of
+// the most shards when tied): the leader whose faults touch the most of
+// the load.
+func (fc *faultCluster) leadingKeys(keys []string) *faultPeer {
+	leaders, pl := fc.shardLeaders()
+	if pl == nil {
+		return fc.mostLeading()
+	}
+	byKeys := map[string]int{}
+	for _, key := range keys {
+		byKeys[leaders[pl.shardOf(key)]]++
+	}
+	shards := fc.leaderCounts()
+	best := fc.peers[0]
+	for _, p := range fc.peers[1:] {
+		if byKeys[p.name] > byKeys[best.name] || (byKeys[p.name] == byKeys[best.name] && shards[p.name] > shards[best.name]) {
+			best = p
+		}
+	}
+	return best
 }
 
 // mostLeading and leastLeading pick the peer leading the most (fewest)
