@@ -82,7 +82,7 @@ func oldReplicaRuns(n *Node, old map[uint64]bool) string {
 func (fc *faultCluster) wipe(p *faultPeer) {
 	fc.t.Helper()
 	fc.kill(p)
-	p.cfg.FS = vfs.NewMem()
+	fc.replaceDisk(p) // later kills and stalls of p act on the new disk
 	fc.start(p)
 	p.gate.open()
 }
