@@ -932,7 +932,7 @@ func injectMembershipFaults(ctx context.Context, lr *loadRun) {
 	}
 	for i := 0; len(fc.peers) < membershipPeers && ctx.Err() == nil; i++ {
 		var ended <-chan struct{}
-		if i%2 == 0 {
+		if (len(fc.retired)+i)%2 == 0 { // in a soak, later rounds alternate
 			victim := fc.leastLeading()
 			ended = fault(victim.name+" cut off", faultFor, func() func() {
 				fc.net.Isolate(victim.name)
