@@ -210,7 +210,8 @@ func (n *Node) expireLapsed() {
 	n.leases.mu.Lock()
 	var shards []uint64
 	for id, sl := range n.leases.shards {
-		if sl.leader {
+		// The meta shard holds the layout, not sessions.
+		if sl.leader && id != metaShardID {
 			shards = append(shards, id)
 		}
 	}
@@ -220,7 +221,10 @@ func (n *Node) expireLapsed() {
 		if err != nil {
 			continue
 		}
-		a, _ := v.(lockAnswer)
+		a, ok := v.(lockAnswer)
+		if !ok {
+			continue
+		}
 		now := n.now()
 		var lapsed []lockfsm.SessionInfo
 		n.leases.mu.Lock()
