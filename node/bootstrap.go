@@ -274,7 +274,10 @@ func (n *Node) currentPlacement(ctx context.Context) ([]byte, error) {
 	return encodePlacement(p)
 }
 
-// saveRecord writes the layout to the data dir atomically.
+// saveRecord writes the layout to the data dir atomically and durably: the
+// record is synced, renamed into place, and the directory synced so the
+// rename survives a power cut. A peer that lost its record would come back
+// with Raft data and no cluster, and could form a new one.
 func (n *Node) saveRecord(p *placement) error {
 	raw, err := encodePlacement(p)
 	if err != nil {
@@ -298,7 +301,18 @@ func (n *Node) saveRecord(p *placement) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return fs.Rename(tmp, path)
+	if err := fs.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write cluster record: %w", err)
+	}
+	d, err := fs.OpenDir(n.cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("sync data dir %s: %w", n.cfg.DataDir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync data dir %s: %w", n.cfg.DataDir, err)
+	}
+	return nil
 }
 
 // loadRecord reads the layout from the data dir; nil when there is none.
