@@ -834,96 +834,84 @@ func describeLayout(pl *placement) string {
 	return b.String()
 }
 
-// membership grows the cluster to membershipPeers peers with peers that
-// join it under load (BootstrapExpect 0, every fault hook), waits until the
-// layout gives each of them a replica, then makes the peer leading the most
-// shards among those present before the round (the original three in the
-// first round) Leave gracefully and waits until the layout forgets it. The
-// new peers get workers too; the leaving peer's workers stop when it
-// closes. In a soak each round adds one peer and removes one.
+// injectMembership grows the cluster to membershipPeers peers with peers
+// that join it under load (BootstrapExpect 0, every fault hook), waits
+// until the layout gives each of them a replica, then makes the peer
+// leading the most shards among those present before the round (the
+// original three in the first round) Leave gracefully and waits until the
+// layout forgets it. The new peers get workers too; the leaving peer's
+// workers stop when it closes. In a soak each round adds one peer and
+// removes one.
 func injectMembership(ctx context.Context, lr *loadRun) {
-	fc := lr.fc
-	begin := time.Now()
-	deadline := begin.Add(membershipWithin)
-	before := append([]*faultPeer(nil), fc.peers...)
-	var joined []string
-	for len(fc.peers) < membershipPeers && ctx.Err() == nil {
-		p := fc.addPeer()
-		lr.startWorkers(ctx, p)
-		joined = append(joined, p.name)
-	}
-	observer := before[0]
-	pl, ok := waitLayout(ctx, observer, deadline, func(pl *placement) bool {
-		for _, name := range joined {
-			if !hostsAny(pl, name) {
-				return false
-			}
-		}
-		return true
-	})
-	if !ok {
-		lr.violate("membership: %v joined but not all host a replica %v after they started; layout %s", joined, membershipWithin, describeLayout(pl))
-		return
-	}
-	hosting := time.Since(begin)
-
-	leaving := fc.pickByLeads(before, true)
-	if leaving == observer {
-		observer = fc.peers[len(fc.peers)-1]
-	}
-	leads := fc.leaderCounts()[leaving.name]
-	lctx, cancel := context.WithDeadline(ctx, deadline)
-	leaveStart, leaveCall := time.Now(), lr.hist.now()
-	err := fc.leave(lctx, leaving)
-	leaveRet := lr.hist.now()
-	cancel()
-	if err != nil {
-		// Say what was stuck: the layout as the remaining peers see it,
-		// and who leads what.
-		pl, _ := waitLayout(ctx, observer, time.Now().Add(2*time.Second), func(*placement) bool { return true })
-		lr.violate("membership: %s did not leave within %v of the round's start: %v; layout %s; leaders %v",
-			leaving.name, membershipWithin, err, describeLayout(pl), fc.leaderCounts())
-		return
-	}
-	left := time.Since(leaveStart)
-	pl, ok = waitLayout(ctx, observer, deadline, func(pl *placement) bool {
-		_, listed := pl.peer(leaving.name)
-		return !listed
-	})
-	if !ok {
-		lr.violate("membership: the layout still lists %s %v after the round started: %s", leaving.name, membershipWithin, describeLayout(pl))
-		return
-	}
-	grants := map[string]int{}
-	lr.mu.Lock()
-	for _, g := range lr.grants {
-		grants[g.peer]++
-	}
-	lr.mu.Unlock()
-	fc.t.Logf("membership: %v joined and hosted replicas in %.1fs; %s (leading %d shards) left in %.1fs (history time %.3fs-%.3fs); forgotten %.1fs after the start; grants so far by peer %v; layout %s",
-		joined, hosting.Seconds(), leaving.name, leads, left.Seconds(), time.Duration(leaveCall).Seconds(), time.Duration(leaveRet).Seconds(), time.Since(begin).Seconds(), grants, describeLayout(pl))
+	membershipRound(ctx, lr, "membership", membershipFaults{})
 }
 
 // injectMembershipFaults is the membership round with faults in force
 // while peers join and leave: joins alternate between one made while the
 // peer leading the fewest shards is cut off (faultFor) and one made while
 // the disk of the peer leading the most shards stalls (diskStallFor); the
-// leaving peer (the one leading the most shards among those present
-// before the round) leaves while another peer's disk stalls. Each fault
-// ends on its own timer, whatever the join or leave is doing; the round
-// waits for it before the next step. All within membershipWithin.
+// leaving peer leaves while another peer's disk stalls. Each fault ends on
+// its own timer, whatever the join or leave is doing; the round waits for
+// it before the next step. All within membershipWithin.
 func injectMembershipFaults(ctx context.Context, lr *loadRun) {
+	stallMost := func(fc *faultCluster, among []*faultPeer, what string) (string, func() func()) {
+		victim := fc.pickByLeads(among, true)
+		return victim.name + what, func() func() {
+			victim.stall.Stall(false)
+			return victim.stall.Release
+		}
+	}
+	membershipRound(ctx, lr, "membership-faults", membershipFaults{
+		join: func(fc *faultCluster, i int) (string, time.Duration, func() func()) {
+			if (len(fc.retired)+i)%2 == 0 { // in a soak, later rounds alternate
+				victim := fc.leastLeading()
+				return victim.name + " cut off", faultFor, func() func() {
+					fc.net.Isolate(victim.name)
+					return func() { fc.net.Rejoin(victim.name) }
+				}
+			}
+			what, start := stallMost(fc, fc.peers, " disk stalled")
+			return what, diskStallFor(fc.opts.ttl), start
+		},
+		leave: func(fc *faultCluster, leaving *faultPeer) (string, time.Duration, func() func()) {
+			var rest []*faultPeer
+			for _, p := range fc.peers {
+				if p != leaving {
+					rest = append(rest, p)
+				}
+			}
+			what, start := stallMost(fc, rest, " disk stalled during the leave")
+			return what, diskStallFor(fc.opts.ttl), start
+		},
+	})
+}
+
+// membershipFaults are the faults a membership round runs while the i-th
+// peer joins and while a peer leaves: each names the fault, how long it
+// lasts, and a start function that returns the fault's end. Nil runs none.
+type membershipFaults struct {
+	join  func(fc *faultCluster, i int) (what string, d time.Duration, start func() (end func()))
+	leave func(fc *faultCluster, leaving *faultPeer) (what string, d time.Duration, start func() (end func()))
+}
+
+// membershipRound is one round of the membership nemeses (see
+// injectMembership), with faults in force while peers join and leave.
+func membershipRound(ctx context.Context, lr *loadRun, name string, mf membershipFaults) {
 	fc := lr.fc
 	begin := time.Now()
 	deadline := begin.Add(membershipWithin)
 	before := append([]*faultPeer(nil), fc.peers...)
 	var joined, faults []string
-	// fault runs start now and the function it returns d later; the
-	// channel it returns closes then.
+	// fault starts a fault now and ends it d later; the channel it returns
+	// closes then (at once when there is no fault).
 	fault := func(what string, d time.Duration, start func() (end func())) <-chan struct{} {
+		ended := make(chan struct{})
+		if start == nil {
+			close(ended)
+			return ended
+		}
 		faults = append(faults, what)
 		end := start()
-		ended := make(chan struct{})
 		time.AfterFunc(d, func() {
 			end()
 			close(ended)
@@ -931,19 +919,9 @@ func injectMembershipFaults(ctx context.Context, lr *loadRun) {
 		return ended
 	}
 	for i := 0; len(fc.peers) < membershipPeers && ctx.Err() == nil; i++ {
-		var ended <-chan struct{}
-		if (len(fc.retired)+i)%2 == 0 { // in a soak, later rounds alternate
-			victim := fc.leastLeading()
-			ended = fault(victim.name+" cut off", faultFor, func() func() {
-				fc.net.Isolate(victim.name)
-				return func() { fc.net.Rejoin(victim.name) }
-			})
-		} else {
-			victim := fc.mostLeading()
-			ended = fault(victim.name+" disk stalled", diskStallFor(fc.opts.ttl), func() func() {
-				victim.stall.Stall(false)
-				return victim.stall.Release
-			})
+		var ended <-chan struct{} = fault("", 0, nil)
+		if mf.join != nil {
+			ended = fault(mf.join(fc, i))
 		}
 		p := fc.addPeer()
 		lr.startWorkers(ctx, p)
@@ -960,7 +938,7 @@ func injectMembershipFaults(ctx context.Context, lr *loadRun) {
 		return true
 	})
 	if !ok {
-		lr.violate("membership-faults: %v joined (faults: %v) but not all host a replica %v after they started; layout %s", joined, faults, membershipWithin, describeLayout(pl))
+		lr.violate("%s: %v joined (faults: %v) but not all host a replica %v after they started; layout %s", name, joined, faults, membershipWithin, describeLayout(pl))
 		return
 	}
 	hosting := time.Since(begin)
@@ -969,26 +947,23 @@ func injectMembershipFaults(ctx context.Context, lr *loadRun) {
 	if leaving == observer {
 		observer = fc.peers[len(fc.peers)-1]
 	}
-	var rest []*faultPeer
-	for _, p := range fc.peers {
-		if p != leaving {
-			rest = append(rest, p)
-		}
+	leads := fc.leaderCounts()[leaving.name]
+	var ended <-chan struct{} = fault("", 0, nil)
+	if mf.leave != nil {
+		ended = fault(mf.leave(fc, leaving))
 	}
-	stalled := fc.pickByLeads(rest, true)
-	ended := fault(stalled.name+" disk stalled during the leave", diskStallFor(fc.opts.ttl), func() func() {
-		stalled.stall.Stall(false)
-		return stalled.stall.Release
-	})
 	lctx, cancel := context.WithDeadline(ctx, deadline)
-	leaveStart := time.Now()
+	leaveStart, leaveCall := time.Now(), lr.hist.now()
 	err := fc.leave(lctx, leaving)
+	leaveRet := lr.hist.now()
 	cancel()
 	<-ended
 	if err != nil {
+		// Say what was stuck: the layout as the remaining peers see it,
+		// and who leads what.
 		pl, _ := waitLayout(ctx, observer, time.Now().Add(2*time.Second), func(*placement) bool { return true })
-		lr.violate("membership-faults: %s did not leave within %v of the round's start (faults: %v): %v; layout %s; leaders %v",
-			leaving.name, membershipWithin, faults, err, describeLayout(pl), fc.leaderCounts())
+		lr.violate("%s: %s did not leave within %v of the round's start (faults: %v): %v; layout %s; leaders %v",
+			name, leaving.name, membershipWithin, faults, err, describeLayout(pl), fc.leaderCounts())
 		return
 	}
 	left := time.Since(leaveStart)
@@ -997,11 +972,17 @@ func injectMembershipFaults(ctx context.Context, lr *loadRun) {
 		return !listed
 	})
 	if !ok {
-		lr.violate("membership-faults: the layout still lists %s %v after the round started (faults: %v): %s", leaving.name, membershipWithin, faults, describeLayout(pl))
+		lr.violate("%s: the layout still lists %s %v after the round started (faults: %v): %s", name, leaving.name, membershipWithin, faults, describeLayout(pl))
 		return
 	}
-	fc.t.Logf("membership-faults: %v joined and hosted replicas in %.1fs; %s left in %.1fs; forgotten %.1fs after the start; faults: %v; layout %s",
-		joined, hosting.Seconds(), leaving.name, left.Seconds(), time.Since(begin).Seconds(), faults, describeLayout(pl))
+	grants := map[string]int{}
+	lr.mu.Lock()
+	for _, g := range lr.grants {
+		grants[g.peer]++
+	}
+	lr.mu.Unlock()
+	fc.t.Logf("%s: %v joined and hosted replicas in %.1fs; %s (leading %d shards) left in %.1fs (history time %.3fs-%.3fs); forgotten %.1fs after the start; faults: %v; grants so far by peer %v; layout %s",
+		name, joined, hosting.Seconds(), leaving.name, leads, left.Seconds(), time.Duration(leaveCall).Seconds(), time.Duration(leaveRet).Seconds(), time.Since(begin).Seconds(), faults, grants, describeLayout(pl))
 }
 
 // nemesisResult is what one run checked.
