@@ -127,8 +127,7 @@ func (p *placement) checkIdentity(name, nodeHostID string) *identityError {
 // replicas on (its data dir was wiped): nothing meant for that peer may
 // reach it by name.
 func (p *placement) sameIdentity(m mesh.Member) bool {
-	pe, ok := p.peer(m.Name)
-	return !ok || pe.NodeHostID == m.Meta.NodeHostID
+	return p.checkIdentity(m.Name, m.Meta.NodeHostID) == nil
 }
 
 // peerByReplica returns the peer hosting the replica with id, in any shard.
