@@ -1161,17 +1161,8 @@ func TestStalledLeaderExpiryIsCaught(t *testing.T) {
 		t.Skip("nemesis suite skipped in -short mode")
 	}
 	fc := startFaultCluster(t, faultOpts{mutate: func(c *Config) { c.unsafeSkipExpiryTerm = true }})
-	lr := newLoadRun(fc)
-	lr.longShare = 1
-	lr.longFor = func() time.Duration { return 2*nemesisTTL + rand.N(nemesisTTL) }
-	lr.keys = nemesisKeys[:3]
-	lr.enters = make(chan enterEvent, 64)
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	wg := lr.start(ctx)
-	sleepCtx(ctx, 1500*time.Millisecond)
-	rounds := lr.untilOverlap(ctx, 8, func() {
+	longFor := func() time.Duration { return 2*nemesisTTL + rand.N(nemesisTTL) }
+	v, kinds, _ := runUntilOverlap(t, fc, "stalled-leader-expiry (unsafeSkipExpiryTerm)", longFor, 8, func(ctx context.Context, lr *loadRun) {
 		// Stall the leader of a key another peer's holder has just
 		// entered for 2-3 TTL: it is still inside when the stalled
 		// leader's expiry commits, 1.4 TTL on.
@@ -1188,15 +1179,6 @@ func TestStalledLeaderExpiryIsCaught(t *testing.T) {
 		stallDisk(ctx, lr, victim, diskStallFor(nemesisTTL))
 		sleepCtx(ctx, nemesisTTL) // the expired holders learn of it at their next keepalive
 	})
-	t.Logf("the lease-overlap checker caught it after %d of at most 8 rounds", rounds)
-	cancel()
-	wg.Wait()
-	ops, keys := lr.hist.size()
-	v := lr.verify(t)
-	kinds := violationKinds(v)
-	t.Logf("nemesis stalled-leader-expiry (unsafeSkipExpiryTerm): %d ops, %d keys, %d violations, %.1fs", ops, keys, len(v), time.Since(start).Seconds())
-	t.Logf("violations by checker: %v", kinds)
-	logViolations(t, v, 5)
 	if kinds["lease-overlap"] == 0 {
 		t.Fatalf("a stalled leader's expiry committed under its successor without the term fence, yet the lease-overlap checker reported nothing (all violations: %v)", v)
 	}
@@ -1218,18 +1200,9 @@ func TestClockSkewBeyondMarginIsCaught(t *testing.T) {
 		t.Skip("nemesis suite skipped in -short mode")
 	}
 	fc := startFaultCluster(t, faultOpts{})
-	lr := newLoadRun(fc)
-	lr.longShare = 1
-	lr.longFor = func() time.Duration { return 3*nemesisTTL/2 + rand.N(nemesisTTL) }
-	lr.keys = nemesisKeys[:3]
-	lr.enters = make(chan enterEvent, 64)
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	wg := lr.start(ctx)
-	sleepCtx(ctx, 1500*time.Millisecond)
+	longFor := func() time.Duration { return 3*nemesisTTL/2 + rand.N(nemesisTTL) }
 	fast, slow := skewRates(fc.peers[0].node().cfg, 4)
-	rounds := lr.untilOverlap(ctx, 4, func() {
+	v, kinds, lr := runUntilOverlap(t, fc, "clock-skew-beyond-margin", longFor, 4, func(ctx context.Context, lr *loadRun) {
 		// Cut off, with a slow clock, the peer of a holder that has just
 		// entered a key led by another (fast) peer, for 1.5 TTL: its
 		// hold of 1.5-2.5 TTL lasts past the fast leader's expiry.
@@ -1250,17 +1223,39 @@ func TestClockSkewBeyondMarginIsCaught(t *testing.T) {
 		unskewClocks(fc)
 		sleepCtx(ctx, nemesisTTL/2)
 	})
-	t.Logf("the lease-overlap checker caught it after %d of at most 4 rounds", rounds)
-	cancel()
-	wg.Wait()
-	ops, keys := lr.hist.size()
-	v := lr.verify(t)
-	kinds := violationKinds(v)
-	t.Logf("nemesis clock-skew-beyond-margin: %d ops, %d keys, %d violations, %.1fs; %d stale writes fenced off",
-		ops, keys, len(v), time.Since(start).Seconds(), lr.res.rejections.Load())
-	t.Logf("violations by checker: %v", kinds)
-	logViolations(t, v, 5)
+	t.Logf("%d stale writes fenced off", lr.res.rejections.Load())
 	if kinds["lease-overlap"] == 0 {
 		t.Fatalf("clock rates %.3f and %.3f (beyond the lease margin) under cut-off holders, yet the lease-overlap checker reported nothing (all violations: %v)", fast, slow, v)
 	}
+}
+
+// runUntilOverlap runs long-hold load (every lock held for longFor) on 3
+// keys of fc, so that holders have waiters, and calls round, at most
+// maxRounds times, until the lease-overlap checker reports. It then stops
+// the load, logs the nemesis summary line under name, and returns every
+// checker's violations, counted by checker too.
+func runUntilOverlap(t *testing.T, fc *faultCluster, name string, longFor func() time.Duration, maxRounds int,
+	round func(ctx context.Context, lr *loadRun)) (v []string, kinds map[string]int, lr *loadRun) {
+	t.Helper()
+	lr = newLoadRun(fc)
+	lr.longShare = 1
+	lr.longFor = longFor
+	lr.keys = nemesisKeys[:3]
+	lr.enters = make(chan enterEvent, 64)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wg := lr.start(ctx)
+	sleepCtx(ctx, 1500*time.Millisecond)
+	rounds := lr.untilOverlap(ctx, maxRounds, func() { round(ctx, lr) })
+	t.Logf("the lease-overlap checker caught it after %d of at most %d rounds", rounds, maxRounds)
+	cancel()
+	wg.Wait()
+	ops, keys := lr.hist.size()
+	v = lr.verify(t)
+	kinds = violationKinds(v)
+	t.Logf("nemesis %s: %d ops, %d keys, %d violations, %.1fs", name, ops, keys, len(v), time.Since(start).Seconds())
+	t.Logf("violations by checker: %v", kinds)
+	logViolations(t, v, 5)
+	return v, kinds, lr
 }
