@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -143,7 +144,7 @@ func (n *Node) callPeer(ctx context.Context, m mesh.Member, method uint8, body [
 func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([]byte, error) {
 	switch method {
 	case methodGetPlacement:
-		return n.currentPlacement(ctx)
+		return n.currentPlacement(ctx, bytes.Equal(body, getPlacementLinearizable))
 	case methodAbort:
 		if len(body) != 8 {
 			return nil, errors.New("abort: bad cluster id")
@@ -261,15 +262,34 @@ func (n *Node) publishPlacement(p *placement) {
 
 // currentPlacement answers GetPlacement: the meta shard's copy when this
 // peer hosts it, else the local record.
-func (n *Node) currentPlacement(ctx context.Context) ([]byte, error) {
+// getPlacementLinearizable is the body of a methodGetPlacement call that
+// wants the layout read linearizably from the meta shard or an error, never
+// the answering peer's own copy. A call without it (a joining peer looking
+// for the cluster) takes the copy.
+var getPlacementLinearizable = []byte{1}
+
+// currentPlacement answers methodGetPlacement: the layout read through this
+// peer's meta replica if it has one, else (unless linearizable) this peer's
+// own copy, which may be behind.
+//
+// A copy must not pass for a read: two peers whose meta replicas were both
+// removed while they were cut off would each ask the other and adopt
+// nothing newer than their own copies, for ever.
+func (n *Node) currentPlacement(ctx context.Context, linearizable bool) ([]byte, error) {
 	p := n.placement.Load()
 	if p == nil {
 		return nil, rpcError(codeNoCluster, "peer %s is not in a cluster yet", n.cfg.Name)
 	}
 	if n.hostsShard(metaShardID) {
-		if q, err := n.readLocalPlacement(ctx); err == nil {
+		q, err := n.readLocalPlacement(ctx)
+		if err == nil {
 			return encodePlacement(q)
 		}
+		if linearizable {
+			return nil, rpcError(codeBusy, "peer %s cannot read the layout from its meta replica: %v", n.cfg.Name, err)
+		}
+	} else if linearizable {
+		return nil, rpcError(codeNotHosted, "peer %s hosts no meta replica", n.cfg.Name)
 	}
 	return encodePlacement(p)
 }

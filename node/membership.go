@@ -207,11 +207,6 @@ func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 	return lastErr
 }
 
-// readMetaPlacement reads the layout from the meta shard, linearizably.
-//
-// The local meta replica answers when this peer has one and it is caught
-// up; a replica still joining cannot, so the other meta hosts are asked
-// next (each answers from its own meta replica).
 // membership reads shard's Raft membership from a peer hosting it.
 func (n *Node) membership(ctx context.Context, shard uint64) (membershipResp, error) {
 	var m membershipResp
@@ -222,6 +217,15 @@ func (n *Node) membership(ctx context.Context, shard uint64) (membershipResp, er
 	return m, err
 }
 
+// readMetaPlacement reads the layout from the meta shard, linearizably.
+//
+// The local meta replica answers when this peer has one and it is caught
+// up. A replica still joining cannot, nor can one removed from the shard
+// while this peer was cut off (it never hears of its removal), so the meta
+// hosts of this peer's copy of the layout are asked next, each to read
+// through its own meta replica. If that copy is so old that none of them
+// hosts one any more, the peers it lists are asked for their copies, and
+// the meta hosts of the newest are asked in turn.
 func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
 	var lastErr error = errNotReady
 	if n.hostsShard(metaShardID) {
@@ -239,15 +243,42 @@ func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
 	if p == nil {
 		return nil, errNotReady
 	}
-	for _, h := range p.hostNames(metaShardID) {
-		if h == n.cfg.Name {
+	asked := map[string]bool{n.cfg.Name: true}
+	ask := func(hosts []string) *placement {
+		for _, h := range hosts {
+			if asked[h] || ctx.Err() != nil {
+				continue
+			}
+			asked[h] = true
+			raw, err := n.callPeerName(ctx, h, methodGetPlacement, getPlacementLinearizable)
+			if err == nil {
+				q, err := decodePlacement(raw)
+				if err == nil {
+					return q
+				}
+			}
+			lastErr = fmt.Errorf("peer %s: %w", h, err)
+		}
+		return nil
+	}
+	if q := ask(p.hostNames(metaShardID)); q != nil {
+		return q, nil
+	}
+	newest := p
+	for _, pe := range p.Peers {
+		if pe.Name == n.cfg.Name || ctx.Err() != nil {
 			continue
 		}
-		raw, err := n.callPeerName(ctx, h, methodGetPlacement, nil)
-		if err == nil {
-			return decodePlacement(raw)
+		raw, err := n.callPeerName(ctx, pe.Name, methodGetPlacement, nil)
+		if err != nil {
+			continue
 		}
-		lastErr = err
+		if q, err := decodePlacement(raw); err == nil && q.ClusterID == p.ClusterID && q.Epoch > newest.Epoch {
+			newest = q
+		}
+	}
+	if q := ask(newest.hostNames(metaShardID)); q != nil {
+		return q, nil
 	}
 	return nil, lastErr
 }
@@ -277,6 +308,9 @@ func (n *Node) proposePlacement(ctx context.Context, q *placement) error {
 		p := n.placement.Load()
 		var lastErr error = errNotReady
 		for _, h := range p.hostNames(metaShardID) {
+			if h == n.cfg.Name {
+				continue
+			}
 			if _, err := n.callPeerName(ctx, h, methodSetPlacement, raw); err == nil {
 				return nil
 			} else {
@@ -358,13 +392,19 @@ func (n *Node) Leave(ctx context.Context) error {
 	if _, err := n.waitReady(ctx); err != nil {
 		return err
 	}
+	// last says why the newest attempt made no progress, for the error
+	// Leave returns if ctx ends first.
+	var last error
 	for attempt := 0; ; attempt++ {
 		p, err := n.readMetaPlacement(ctx)
-		if err == nil {
+		if err != nil {
+			last = fmt.Errorf("reading the layout: %w", err)
+		} else {
 			pe, listed := p.peer(n.cfg.Name)
 			if !listed || p.replicaCount(n.cfg.Name) == 0 {
 				break
 			}
+			last = fmt.Errorf("layout epoch %d still gives this peer %d replicas", p.Epoch, p.replicaCount(n.cfg.Name))
 			if !pe.Draining {
 				q := p.next()
 				for i := range q.Peers {
@@ -372,13 +412,15 @@ func (n *Node) Leave(ctx context.Context) error {
 						q.Peers[i].Draining = true
 					}
 				}
-				if err := n.proposePlacement(ctx, q); err == nil {
+				if err := n.proposePlacement(ctx, q); err != nil {
+					last = fmt.Errorf("marking this peer draining: %w", err)
+				} else {
 					n.log.Info("draining: replicas will move to other peers")
 				}
 			}
 		}
 		if err := n.backoff(ctx, min(attempt, 4)); err != nil {
-			return fmt.Errorf("leave: replicas not moved away in time (is there a peer to take them?): %w", err)
+			return fmt.Errorf("leave: replicas not moved away in time (is there a peer to take them?): %w (last: %v)", err, last)
 		}
 	}
 	// Wait for this peer's copy to drop the last replica too.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -816,6 +817,20 @@ func waitLayout(ctx context.Context, observer *faultPeer, deadline time.Time, ok
 	}
 }
 
+// describeOwnView is what p itself believes, for messages: the layout
+// epoch it last adopted and the replicas it runs.
+func describeOwnView(p *faultPeer) string {
+	n := p.node()
+	epoch := uint64(0)
+	if pl := n.placement.Load(); pl != nil {
+		epoch = pl.Epoch
+	}
+	n.runMu.Lock()
+	running := maps.Clone(n.running)
+	n.runMu.Unlock()
+	return fmt.Sprintf("%s's own view: layout epoch %d, runs replicas (shard:replica) %v", p.name, epoch, running)
+}
+
 // describeLayout is the layout as "shard: peers" for messages.
 func describeLayout(pl *placement) string {
 	if pl == nil {
@@ -962,8 +977,8 @@ func membershipRound(ctx context.Context, lr *loadRun, name string, mf membershi
 		// Say what was stuck: the layout as the remaining peers see it,
 		// and who leads what.
 		pl, _ := waitLayout(ctx, observer, time.Now().Add(2*time.Second), func(*placement) bool { return true })
-		lr.violate("%s: %s did not leave within %v of the round's start (faults: %v): %v; layout %s; leaders %v",
-			name, leaving.name, membershipWithin, faults, err, describeLayout(pl), fc.leaderCounts())
+		lr.violate("%s: %s did not leave within %v of the round's start (faults: %v): %v; layout %s; leaders %v; %s",
+			name, leaving.name, membershipWithin, faults, err, describeLayout(pl), fc.leaderCounts(), describeOwnView(leaving))
 		return
 	}
 	left := time.Since(leaveStart)

@@ -23,7 +23,7 @@ const (
 	methodPrepare                         // bootstrap phase one: encoded placement
 	methodCommit                          // bootstrap phase two: encoded placement
 	methodAbort                           // bootstrap abort: cluster id
-	methodGetPlacement                    // -> encoded placement
+	methodGetPlacement                    // getPlacementLinearizable or nothing -> encoded placement
 	methodStatus                          // -> statusResp
 	methodConfigChange                    // configChangeReq
 	methodTransferLeader                  // transferReq

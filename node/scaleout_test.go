@@ -275,3 +275,64 @@ func TestLayoutFollowsRaftMembership(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// Two peers whose copies of the layout are both stale, and list each other
+// as the meta shard's hosts, must still find the current layout. This is
+// what two peers see when both their meta replicas were removed while they
+// were cut off: each had answered the other's read with its own copy, so
+// neither ever adopted a newer layout, and a Leave on one of them could not
+// even mark it draining (seen in the membership-faults nemesis).
+func TestStaleLayoutCopiesDoNotFeedEachOther(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five peers")
+	}
+	peers := startCluster(t, clusterOpts{peers: 5, rf: 3, shards: 4})
+	waitBalanced(t, peers, 60*time.Second)
+	ctx := ctxT(t, 30*time.Second)
+	cur, err := peers[0].node.readMetaPlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outside []*testPeer // the peers hosting no meta replica
+	for _, p := range peers {
+		if _, ok := cur.replica(metaShardID, p.cfg.Name); !ok {
+			outside = append(outside, p)
+		}
+	}
+	if len(outside) != 2 {
+		t.Fatalf("want 2 of 5 peers outside the meta shard, layout %s", describeLayout(cur))
+	}
+	raw, err := encodePlacement(cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, err := decodePlacement(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.Epoch--
+	id := stale.NextReplicaID
+	stale.NextReplicaID += 2
+	stale.Replicas[metaShardID] = []replica{
+		{Peer: outside[0].cfg.Name, ID: id},
+		{Peer: outside[1].cfg.Name, ID: id + 1},
+	}
+	for _, p := range outside {
+		p.node.placement.Store(stale)
+	}
+	got, err := outside[0].node.readMetaPlacement(ctx)
+	if err != nil {
+		t.Fatalf("read through a stale copy: %v", err)
+	}
+	if got.Epoch < cur.Epoch {
+		t.Fatalf("read through a stale copy returned epoch %d (the other stale copy), want >= %d", got.Epoch, cur.Epoch)
+	}
+	for _, p := range outside {
+		for p.node.placement.Load().Epoch < cur.Epoch {
+			if ctx.Err() != nil {
+				t.Fatalf("%s still has layout epoch %d, want >= %d", p.cfg.Name, p.node.placement.Load().Epoch, cur.Epoch)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
