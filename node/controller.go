@@ -149,9 +149,10 @@ func (n *Node) controlStep() error {
 
 	// 3. Move replicas toward the desired layout.
 	desired := desiredLayout(p, eligible)
+	floor := replicaFloor(p, alive)
 	pending := false
 	for _, shard := range p.shardIDs() {
-		add, remove := planMove(p, shard, desired[shard], alive)
+		add, remove := planMove(p, shard, desired[shard], alive, floor)
 		if add == "" && remove == nil {
 			continue
 		}
@@ -337,11 +338,27 @@ func desiredLayout(p *placement, eligible []string) map[uint64][]string {
 	return out
 }
 
+// replicaFloor is the fewest replicas a planned change may leave a shard
+// with: the replication factor, or every live listed peer when there are
+// fewer. Draining peers count: their replicas stay until others can take
+// them, so a Leave that would take shards below RF waits instead. Only a
+// dead peer takes a shard below it.
+func replicaFloor(p *placement, alive map[string]mesh.Member) int {
+	live := 0
+	for _, pe := range p.Peers {
+		if _, ok := alive[pe.Name]; ok {
+			live++
+		}
+	}
+	return min(p.RF, live)
+}
+
 // planMove picks the next step for shard: a replica on a dead peer to
 // remove first (adding a member while one is dead would raise the quorum
 // while a member cannot vote), else a peer to add a replica on, else (only
-// once the shard has more than it needs) a surplus replica to remove.
-func planMove(p *placement, shard uint64, want []string, alive map[string]mesh.Member) (add string, remove *replica) {
+// once the shard has more than it needs, and more than floor) a surplus
+// replica to remove.
+func planMove(p *placement, shard uint64, want []string, alive map[string]mesh.Member, floor int) (add string, remove *replica) {
 	cur := p.Replicas[shard]
 	for i := range cur {
 		if _, up := alive[cur[i].Peer]; !up && !slices.Contains(want, cur[i].Peer) {
@@ -353,7 +370,7 @@ func planMove(p *placement, shard uint64, want []string, alive map[string]mesh.M
 			return name, nil
 		}
 	}
-	if len(cur) <= len(want) {
+	if len(cur) <= max(len(want), floor) {
 		return "", nil
 	}
 	for i := range cur {
