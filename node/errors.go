@@ -15,7 +15,8 @@ var (
 	// ErrNotHeld is returned by Unlock when the lock is no longer held, for
 	// example because it was already unlocked.
 	ErrNotHeld = errors.New("lockmesh: lock not held")
-	// ErrClosed is returned by calls made after Close.
+	// ErrClosed is returned by calls made after Close, and by Lock.Err for
+	// a lock held when its node closed.
 	ErrClosed = errors.New("lockmesh: node closed")
 	// ErrInvalidKey is returned for an empty or oversized key.
 	ErrInvalidKey = errors.New("lockmesh: invalid key")

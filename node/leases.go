@@ -355,7 +355,7 @@ func (n *Node) keepAlive(shard uint64, ss []*session) {
 	}
 	for _, s := range ss {
 		if expired[s.id] {
-			s.lose(fmt.Errorf("%w: the cluster expired session %d on shard %d", ErrLeaseExpired, s.id, shard))
+			s.lose(fmt.Errorf("%w: the leader of shard %d no longer counts session %d as live", ErrLeaseExpired, shard, s.id))
 		} else {
 			s.extend(sent)
 		}

@@ -122,7 +122,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		case lockfsm.StatusOK:
 			return nil
 		case lockfsm.StatusNoSession:
-			return fmt.Errorf("unlock %q: session expired before unlock: %w", l.key, ErrLeaseExpired)
+			return fmt.Errorf("unlock %q: %w: the session ended before the release reached the cluster", l.key, ErrLeaseExpired)
 		case lockfsm.StatusNotHeld:
 			return fmt.Errorf("unlock %q: %w", l.key, ErrNotHeld)
 		default:
@@ -262,7 +262,7 @@ func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (
 	case lockfsm.StatusLocked:
 		return nil, false, fmt.Errorf("lock %q: %w", key, ErrLocked)
 	case lockfsm.StatusNoSession:
-		s.lose(fmt.Errorf("%w: session %d on shard %d expired", ErrLeaseExpired, s.id, s.shard))
+		s.lose(fmt.Errorf("%w: shard %d no longer knows session %d", ErrLeaseExpired, s.shard, s.id))
 		return nil, true, nil
 	case lockfsm.StatusQueued:
 	default:
@@ -284,7 +284,7 @@ func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (
 				continue
 			}
 			if !a.SessionFound {
-				s.lose(fmt.Errorf("%w: session %d on shard %d expired", ErrLeaseExpired, s.id, s.shard))
+				s.lose(fmt.Errorf("%w: shard %d no longer knows session %d", ErrLeaseExpired, s.shard, s.id))
 				return nil, true, nil
 			}
 			if a.Request.State == lockfsm.ReqHeld {

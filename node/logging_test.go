@@ -1,12 +1,19 @@
 package node
 
 import (
+	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/lni/dragonboat/v4/logger"
 )
@@ -276,4 +283,174 @@ func containsAny(s string, subs []string) bool {
 		}
 	}
 	return false
+}
+
+// Error text: an error a user sees says each thing once.
+
+// repeatedPhrase returns the longest run of two or more words that occurs
+// twice in s ("node closed" in "lockmesh: node closed: node closed"), or
+// "" if there is none. Words are compared without case or punctuation.
+func repeatedPhrase(s string) string {
+	words := strings.FieldsFunc(strings.ToLower(s), func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r)
+	})
+	for n := len(words) / 2; n >= 2; n-- {
+		seen := map[string]bool{}
+		for i := 0; i+n <= len(words); i++ {
+			phrase := strings.Join(words[i:i+n], " ")
+			if seen[phrase] {
+				return phrase
+			}
+			seen[phrase] = true
+		}
+	}
+	return ""
+}
+
+func TestRepeatedPhrase(t *testing.T) {
+	for s, want := range map[string]string{
+		"lockmesh: node closed: node closed":                      "node closed",
+		"lockmesh: lease expired: the lease expired":              "lease expired",
+		`lock "a/b": lockmesh: key is locked`:                     "",
+		"lockmesh: shard unavailable: shard 4: deadline exceeded": "",
+	} {
+		if got := repeatedPhrase(s); got != want {
+			t.Errorf("repeatedPhrase(%q) = %q, want %q", s, got, want)
+		}
+	}
+}
+
+// sentinels are the package's sentinel errors by name.
+var sentinels = map[string]error{
+	"ErrLocked": ErrLocked, "ErrLeaseExpired": ErrLeaseExpired, "ErrNotHeld": ErrNotHeld,
+	"ErrClosed": ErrClosed, "ErrInvalidKey": ErrInvalidKey, "ErrInvalidConfig": ErrInvalidConfig,
+	"ErrUnavailable": ErrUnavailable, "ErrStaleToken": ErrStaleToken,
+}
+
+// Every fmt.Errorf in the package that wraps a sentinel reads without a
+// repeated phrase once the sentinel's own text is in it. Other operands
+// are rendered as distinct placeholders.
+func TestSentinelWrapsSayItOnce(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wraps := 0
+	for _, pkg := range pkgs {
+		for _, f := range pkg.Files {
+			ast.Inspect(f, func(nd ast.Node) bool {
+				call, ok := nd.(*ast.CallExpr)
+				if !ok || len(call.Args) < 2 {
+					return true
+				}
+				if sel, ok := call.Fun.(*ast.SelectorExpr); !ok || sel.Sel.Name != "Errorf" {
+					return true
+				}
+				lit, ok := call.Args[0].(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					return true
+				}
+				format, err := strconv.Unquote(lit.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var operands []string
+				wrapsSentinel := false
+				for i, arg := range call.Args[1:] {
+					if id, ok := arg.(*ast.Ident); ok && sentinels[id.Name] != nil {
+						operands = append(operands, sentinels[id.Name].Error())
+						wrapsSentinel = true
+						continue
+					}
+					operands = append(operands, fmt.Sprintf("operand%c", 'a'+i))
+				}
+				if !wrapsSentinel {
+					return true
+				}
+				wraps++
+				text := renderFormat(format, operands)
+				if p := repeatedPhrase(text); p != "" {
+					t.Errorf("%s: %q says %q twice", fset.Position(call.Pos()), text, p)
+				}
+				return true
+			})
+		}
+	}
+	if wraps < 10 {
+		t.Fatalf("found only %d wraps of a sentinel: the scan is broken", wraps)
+	}
+}
+
+// renderFormat puts operands in place of format's verbs, in order.
+func renderFormat(format string, operands []string) string {
+	var b strings.Builder
+	for i := 0; i < len(format); i++ {
+		if format[i] != '%' {
+			b.WriteByte(format[i])
+			continue
+		}
+		i++
+		for i < len(format) && strings.IndexByte("+-# 0123456789.", format[i]) >= 0 {
+			i++
+		}
+		if i < len(format) && format[i] == '%' {
+			b.WriteByte('%')
+			continue
+		}
+		if len(operands) > 0 {
+			b.WriteString(operands[0])
+			operands = operands[1:]
+		}
+	}
+	return b.String()
+}
+
+// The errors a user sees when the node closes under a held lock and a
+// waiter wrap ErrClosed and say each thing once.
+func TestCloseErrorsSayItOnce(t *testing.T) {
+	peers := startClusterWith(t, clusterOpts{peers: 1, rf: 1, shards: 2}, func(int, *Config) {})
+	n := peers[0].node
+	ctx := ctxT(t, 20*time.Second)
+	l, err := n.Lock(ctx, "close/text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := n.Lock(ctx, "close/text")
+		waiter <- err
+	}()
+	waitQueued(t, n, "close/text", 1)
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done still open 5s after Close")
+	}
+	var waitErr error
+	select {
+	case waitErr = <-waiter:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiting Lock still blocked 5s after Close")
+	}
+	_, lockErr := n.Lock(ctx, "close/text")
+	for what, err := range map[string]error{
+		"Lock.Err":           l.Err(),
+		"Unlock":             l.Unlock(ctx),
+		"Release":            l.Release(),
+		"the waiting Lock":   waitErr,
+		"a Lock after Close": lockErr,
+	} {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", what, err)
+			continue
+		}
+		t.Logf("%s: %v", what, err)
+		if p := repeatedPhrase(err.Error()); p != "" {
+			t.Errorf("%s after Close: %q says %q twice", what, err, p)
+		}
+	}
 }

@@ -340,7 +340,7 @@ func (n *Node) closeSessions() {
 			defer wg.Done()
 			// Locally first: the holders here must see Done closed before
 			// the cluster hands their locks to someone else.
-			s.lose(fmt.Errorf("%w: node closed", ErrClosed))
+			s.lose(fmt.Errorf("%w: session %d on shard %d ended with it; its locks pass to the next waiters", ErrClosed, s.id, s.shard))
 			ctx, cancel := context.WithTimeout(n.ctx, 20*n.cfg.RTT)
 			defer cancel()
 			_, _ = n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCloseSession, Session: s.id})
