@@ -7,8 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
 	"github.com/lockmesh/lockmesh/mesh"
@@ -303,53 +301,18 @@ func (n *Node) saveRecord(p *placement) error {
 	if err != nil {
 		return err
 	}
-	fs := n.cfg.FS
-	path := fs.PathJoin(n.cfg.DataDir, recordFile)
-	tmp := path + ".tmp"
-	f, err := fs.Create(tmp)
-	if err != nil {
-		return fmt.Errorf("write cluster record: %w", err)
-	}
-	if _, err := f.Write(raw); err != nil {
-		f.Close()
-		return fmt.Errorf("write cluster record: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync cluster record: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := fs.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write cluster record: %w", err)
-	}
-	d, err := fs.OpenDir(n.cfg.DataDir)
-	if err != nil {
-		return fmt.Errorf("sync data dir %s: %w", n.cfg.DataDir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync data dir %s: %w", n.cfg.DataDir, err)
+	if err := n.writeDurably(recordFile, raw); err != nil {
+		return fmt.Errorf("cluster record: %w", err)
 	}
 	return nil
 }
 
 // loadRecord reads the layout from the data dir; nil when there is none.
 func (n *Node) loadRecord() (*placement, error) {
-	fs := n.cfg.FS
-	path := fs.PathJoin(n.cfg.DataDir, recordFile)
-	f, err := fs.Open(path)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) || os.IsNotExist(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("read cluster record %s: %w", path, err)
-	}
-	defer f.Close()
-	raw, err := io.ReadAll(io.LimitReader(f, maxBodySize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read cluster record %s: %w", path, err)
+	path := n.cfg.FS.PathJoin(n.cfg.DataDir, recordFile)
+	raw, err := n.readSmall(recordFile)
+	if raw == nil || err != nil {
+		return nil, err
 	}
 	p, err := decodePlacement(raw)
 	if err != nil {

@@ -51,6 +51,10 @@ type Node struct {
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
 	refusal atomic.Pointer[identityError]
+	// joinErr is why the background join has not reached any peer yet;
+	// nil once it has (or before its first attempts fail).
+	joinErr   atomic.Pointer[error]
+	joinAddrs []string // Config.Join and the known peers, set by open
 
 	batchMu  sync.Mutex
 	batchers map[batcherKey]*batcher
@@ -108,6 +112,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.goFunc(n.notifyLoop)
 	n.goFunc(n.controlLoop)
 	n.goFunc(n.placementLoop)
+	n.goFunc(n.knownPeersLoop)
 	return n, nil
 }
 
@@ -177,24 +182,43 @@ func (n *Node) open(ctx context.Context) error {
 	if err := n.mesh.SetMeta(meta); err != nil {
 		return err
 	}
-	if len(cfg.Join) == 0 {
+	known, err := n.loadKnownPeers()
+	if err != nil {
+		return err
+	}
+	join := joinAddrs(cfg.Join, known)
+	if len(join) == 0 {
 		return nil
 	}
-	if n.placement.Load() == nil && cfg.BootstrapExpect == 0 {
-		// Joining an existing cluster: nothing works until we reach it.
-		if _, err := n.mesh.Join(ctx, cfg.Join); err != nil {
-			return fmt.Errorf("join %v: %w", cfg.Join, err)
-		}
-		return nil
-	}
-	// Bootstrapping or restarting: the peers we know may be starting too,
-	// so keep trying in the background; they may also reach us first.
-	n.goFunc(func() {
-		if _, err := n.mesh.Join(n.ctx, cfg.Join); err != nil && !n.isClosed() {
-			n.log.Warn("could not join any peer", "join", cfg.Join, "err", err)
-		}
-	})
+	// The peers we know may be starting too (or be down a while), so Start
+	// does not wait for them: the join goes on in the background until one
+	// answers, and they may also reach us first. Lock calls meanwhile wait
+	// within their context and then say why (see waitReady).
+	n.joinAddrs = join
+	n.goFunc(func() { n.join(join) })
 	return nil
+}
+
+// joinPatience is how long the background join tries before it logs that
+// no address answered yet (it goes on trying).
+const joinPatience = 5 * time.Second
+
+// join joins the gossip mesh through addrs, retrying until one answers or
+// the node closes. Until then joinErr says what the last attempts hit.
+func (n *Node) join(addrs []string) {
+	ctx, cancel := context.WithTimeout(n.ctx, joinPatience)
+	_, err := n.mesh.Join(ctx, addrs)
+	cancel()
+	if err == nil || n.isClosed() {
+		return
+	}
+	n.joinErr.Store(&err)
+	n.log.Warn("no Join address answered yet; still trying", "join", addrs, "err", err)
+	if _, err := n.mesh.Join(n.ctx, addrs); err != nil {
+		return // closed
+	}
+	n.joinErr.Store(nil)
+	n.log.Info("joined the gossip mesh", "join", addrs)
 }
 
 // Ready returns a channel closed once this peer knows the cluster layout and
@@ -291,6 +315,12 @@ func (n *Node) waitReady(ctx context.Context) (*placement, error) {
 	case <-ctx.Done():
 		if r := n.refusal.Load(); r != nil {
 			return nil, fmt.Errorf("%w: not admitted to the cluster yet: %w: %w", ErrUnavailable, r, ctx.Err())
+		}
+		if je := n.joinErr.Load(); je != nil {
+			return nil, fmt.Errorf("%w: not joined: no Join address answered (%v): %w", ErrUnavailable, *je, ctx.Err())
+		}
+		if n.cfg.BootstrapExpect == 0 {
+			return nil, fmt.Errorf("%w: not admitted to a cluster yet (joining through %v): %w", ErrUnavailable, n.joinAddrs, ctx.Err())
 		}
 		return nil, fmt.Errorf("%w: cluster not formed yet (bootstrap expects %d peers): %w", ErrUnavailable, n.cfg.BootstrapExpect, ctx.Err())
 	}

@@ -162,16 +162,10 @@ func TestSecurityGossipKey(t *testing.T) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
+			// Start returns once the peer listens (the join goes on in
+			// the background), so a joiner fails where a bootstrapper
+			// does: at its first lock call.
 			n, err := Start(ctx, cfg)
-			if in.expect == 0 {
-				if err == nil {
-					n.Close()
-					problems <- fmt.Sprintf("%s: Start joined a cluster whose gossip key it lacks", in.name)
-				} else if !errors.Is(err, context.DeadlineExceeded) {
-					problems <- fmt.Sprintf("%s: Start failed with %v, want the join to time out", in.name, err)
-				}
-				return
-			}
 			if err != nil {
 				problems <- fmt.Sprintf("%s: Start: %v", in.name, err)
 				return

@@ -1,0 +1,96 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Start returns once the peer listens even when no Join address answers:
+// the join goes on in the background, a lock call meanwhile fails with
+// ErrUnavailable naming the addresses, and the peer joins as soon as one
+// comes up (issue 11: Start blocked until its ctx ended).
+func TestStartDoesNotWaitForJoin(t *testing.T) {
+	seedAddr := freeAddr(t)
+	cfg := testConfig(t, "joiner", clusterOpts{rf: 1, shards: 2, ttl: time.Second})
+	cfg.Join = []string{seedAddr}
+	ctx := ctxT(t, 60*time.Second)
+	n, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Start with an unreachable seed: %v", err)
+	}
+	t.Cleanup(func() { n.Close() })
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	_, err = n.Lock(lctx, "k")
+	cancel()
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), seedAddr) {
+		t.Fatalf("Lock before the join: %v; want ErrUnavailable naming %s", err, seedAddr)
+	}
+	t.Logf("before the seed is up: %v", err)
+
+	scfg := testConfig(t, "seed", clusterOpts{expect: 1, rf: 1, shards: 2, ttl: time.Second})
+	scfg.GossipAddr = seedAddr
+	seed := &testPeer{cfg: scfg}
+	seed.start(t)
+	t.Cleanup(seed.stop)
+	seed.waitReady(t)
+	select {
+	case <-n.Ready():
+	case <-ctx.Done():
+		t.Fatal("the joiner did not join once its seed came up")
+	}
+	l, err := n.Lock(ctx, "k")
+	if err != nil {
+		t.Fatalf("Lock after the join: %v", err)
+	}
+	l.Release()
+}
+
+// A restarted peer whose Join addresses are all gone finds its cluster
+// through the peers it last saw alive (knownPeersFile), as the
+// membership-faults soak saw: a replaced peer restarted with the seeds of
+// its first start, which had left since.
+func TestRestartRejoinsThroughKnownPeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts four peers and restarts one")
+	}
+	o := clusterOpts{peers: 3, rf: 3, shards: 2, ttl: time.Second}
+	peers := startCluster(t, o)
+	cfg := testConfig(t, "peer-4", o)
+	cfg.Join = []string{peers[0].node.GossipAddr()}
+	p4 := &testPeer{cfg: cfg}
+	p4.start(t)
+	t.Cleanup(p4.stop)
+	p4.waitReady(t)
+	ctx := ctxT(t, 90*time.Second)
+	// Wait until peer-4 has recorded the other peers, then take its only
+	// seed away for good.
+	for {
+		known, err := p4.node.loadKnownPeers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(known) >= 3 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("peer-4 knows only %v", known)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := peers[0].node.Leave(ctx); err != nil {
+		t.Fatalf("peer-1 leave: %v", err)
+	}
+	p4.node.kill()
+	p4.start(t)
+	p4.waitReady(t)
+	for _, key := range []string{"a", "b", "c", "d"} {
+		l, err := p4.node.Lock(ctx, key)
+		if err != nil {
+			t.Fatalf("lock %q on the restarted peer-4, whose seed left: %v", key, err)
+		}
+		l.Release()
+	}
+}
