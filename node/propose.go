@@ -215,6 +215,9 @@ func retryable(err error) bool {
 	case errors.Is(err, dragonboat.ErrTimeout), errors.Is(err, dragonboat.ErrShardNotReady),
 		errors.Is(err, dragonboat.ErrSystemBusy), errors.Is(err, dragonboat.ErrShardNotFound),
 		errors.Is(err, dragonboat.ErrShardNotInitialized), errors.Is(err, dragonboat.ErrAborted),
+		// The local replica closed under the call: it moved to another
+		// peer (rebalancing, Leave), and another host will answer.
+		errors.Is(err, dragonboat.ErrShardClosed),
 		errors.Is(err, dragonboat.ErrCanceled),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, transport.ErrUnavailable),
 		errors.Is(err, errNotReady):

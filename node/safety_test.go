@@ -19,10 +19,45 @@ type checker struct {
 	lastToken  map[string]uint64
 	violations []string
 	grants     atomic.Int64
+	// failures counts, by text, the errors Lock and Unlock returned that
+	// are neither ErrClosed (the peer left) nor the op's own deadline.
+	failures map[string]int
+	timeouts atomic.Int64
 }
 
 func newChecker() *checker {
-	return &checker{inside: map[string]int{}, lastToken: map[string]uint64{}}
+	return &checker{inside: map[string]int{}, lastToken: map[string]uint64{}, failures: map[string]int{}}
+}
+
+// failed records err from op unless it is ErrClosed; it reports whether
+// there was an error.
+func (c *checker) failed(op string, err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, ErrClosed), errors.Is(err, context.Canceled): // the peer left, the load stopped
+	case errors.Is(err, context.DeadlineExceeded):
+		c.timeouts.Add(1)
+	default:
+		c.mu.Lock()
+		c.failures[op+": "+err.Error()]++
+		c.mu.Unlock()
+	}
+	return true
+}
+
+// checkNoFailures fails t for every error that was not ErrClosed or a
+// deadline: a healthy or rebalancing cluster must not fail a lock call.
+func (c *checker) checkNoFailures(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for text, count := range c.failures {
+		t.Errorf("%d times: %s", count, text)
+	}
+	if n := c.timeouts.Load(); n > 0 {
+		t.Logf("%d lock calls reached their 5s deadline", n)
+	}
 }
 
 func (c *checker) enter(key string, token uint64) {
@@ -69,7 +104,7 @@ func hammer(ctx context.Context, peers []*testPeer, keys []string, perPeer int, 
 					opCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 					l, err := p.node.Lock(opCtx, key)
 					cancel()
-					if err != nil {
+					if c.failed("lock", err) {
 						if errors.Is(err, ErrClosed) {
 							return
 						}
@@ -83,7 +118,7 @@ func hammer(ctx context.Context, peers []*testPeer, keys []string, perPeer int, 
 						continue
 					}
 					uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					_ = l.Unlock(uctx)
+					c.failed("unlock", l.Unlock(uctx))
 					cancel()
 				}
 			}()

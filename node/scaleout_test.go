@@ -146,6 +146,7 @@ func TestScaleOutAndIn(t *testing.T) {
 	cancel()
 	load.Wait()
 	c.check(t)
+	c.checkNoFailures(t)
 	if c.grants.Load() < 100 {
 		t.Fatalf("only %d grants during the whole scale-out", c.grants.Load())
 	}
