@@ -473,6 +473,8 @@ type nemesis struct {
 	// knownIssue, when set, names a known node weakness this nemesis
 	// exposes: its violations are logged and the test skipped, not failed.
 	knownIssue string
+	// opts configures the nemesis's cluster (zero: the defaults).
+	opts faultOpts
 }
 
 // faultFor is how long a fault lasts: longer than a TTL plus the new
@@ -722,7 +724,7 @@ var nemeses = []nemesis{
 		}
 	}},
 	{name: "membership", inject: injectMembership},
-	{name: "membership-faults", inject: injectMembershipFaults},
+	{name: "membership-faults", inject: injectMembershipFaults, opts: faultOpts{mutate: func(c *Config) { c.DeadAfter = replaceDeadAfter }}},
 }
 
 // diskStallFor is how long the disk-stall nemesis stalls a disk: past the
@@ -898,6 +900,16 @@ func injectMembershipFaults(ctx context.Context, lr *loadRun) {
 			what, start := stallMost(fc, rest, " disk stalled during the leave")
 			return what, diskStallFor(fc.opts.ttl), start
 		},
+		replace: func(fc *faultCluster, victim *faultPeer) (string, time.Duration, func() func()) {
+			var rest []*faultPeer
+			for _, p := range fc.peers {
+				if p != victim {
+					rest = append(rest, p)
+				}
+			}
+			what, start := stallMost(fc, rest, " disk stalled during the replacement")
+			return what, diskStallFor(fc.opts.ttl), start
+		},
 	})
 }
 
@@ -907,7 +919,16 @@ func injectMembershipFaults(ctx context.Context, lr *loadRun) {
 type membershipFaults struct {
 	join  func(fc *faultCluster, i int) (what string, d time.Duration, start func() (end func()))
 	leave func(fc *faultCluster, leaving *faultPeer) (what string, d time.Duration, start func() (end func()))
+	// replace, when set, ends the round by crashing a peer for longer than
+	// DeadAfter, with this fault in force, until the cluster has replaced
+	// its replicas and forgotten it; the peer then restarts from its disk
+	// and is admitted again as a new peer.
+	replace func(fc *faultCluster, victim *faultPeer) (what string, d time.Duration, start func() (end func()))
 }
+
+// replaceDeadAfter is DeadAfter in the membership-faults cluster: longer
+// than its cuts (faultFor), so only the crashed peer is replaced.
+const replaceDeadAfter = 5 * time.Second
 
 // membershipRound is one round of the membership nemeses (see
 // injectMembership), with faults in force while peers join and leave.
@@ -990,14 +1011,64 @@ func membershipRound(ctx context.Context, lr *loadRun, name string, mf membershi
 		lr.violate("%s: the layout still lists %s %v after the round started (faults: %v): %s", name, leaving.name, membershipWithin, faults, describeLayout(pl))
 		return
 	}
+	forgotten := time.Since(begin)
+	replaced := ""
+	if mf.replace != nil {
+		if replaced = replaceRound(ctx, lr, name, observer, fault, mf); replaced == "" {
+			return
+		}
+	}
 	grants := map[string]int{}
 	lr.mu.Lock()
 	for _, g := range lr.grants {
 		grants[g.peer]++
 	}
 	lr.mu.Unlock()
-	fc.t.Logf("%s: %v joined and hosted replicas in %.1fs; %s (leading %d shards) left in %.1fs (history time %.3fs-%.3fs); forgotten %.1fs after the start; faults: %v; grants so far by peer %v; layout %s",
-		name, joined, hosting.Seconds(), leaving.name, leads, left.Seconds(), time.Duration(leaveCall).Seconds(), time.Duration(leaveRet).Seconds(), time.Since(begin).Seconds(), faults, grants, describeLayout(pl))
+	fc.t.Logf("%s: %v joined and hosted replicas in %.1fs; %s (leading %d shards) left in %.1fs (history time %.3fs-%.3fs); forgotten %.1fs after the start;%s faults: %v; grants so far by peer %v; layout %s",
+		name, joined, hosting.Seconds(), leaving.name, leads, left.Seconds(), time.Duration(leaveCall).Seconds(), time.Duration(leaveRet).Seconds(), forgotten.Seconds(), replaced, faults, grants, describeLayout(pl))
+}
+
+// replaceRound crashes the peer leading the fewest shards (never the
+// observer) with mf.replace's fault in force, waits until the cluster has
+// replaced its replicas and forgotten it, then restarts it from its disk
+// and waits until it is admitted again as a new peer. It returns a
+// description for the round's log line, or "" after reporting a violation.
+func replaceRound(ctx context.Context, lr *loadRun, name string, observer *faultPeer,
+	fault func(string, time.Duration, func() func()) <-chan struct{}, mf membershipFaults) string {
+	fc := lr.fc
+	var candidates []*faultPeer
+	for _, p := range fc.peers {
+		if p != observer {
+			candidates = append(candidates, p)
+		}
+	}
+	victim := fc.pickByLeads(candidates, false)
+	start := time.Now()
+	deadline := start.Add(membershipWithin)
+	loss := fc.kill(victim)
+	ended := fault(mf.replace(fc, victim))
+	pl, ok := waitLayout(ctx, observer, deadline, func(pl *placement) bool {
+		_, listed := pl.peer(victim.name)
+		return !listed
+	})
+	<-ended
+	gone := time.Since(start)
+	// Restart it whatever happened: the liveness check and the next round
+	// expect every peer up.
+	fc.restart(victim)
+	if !ok {
+		lr.violate("%s: crashed %s still listed %v after the crash (DeadAfter %v); layout %s", name, victim.name, gone, observer.node().cfg.DeadAfter, describeLayout(pl))
+		return ""
+	}
+	pl, ok = waitLayout(ctx, observer, deadline, func(pl *placement) bool {
+		_, listed := pl.peer(victim.name)
+		return listed
+	})
+	if !ok {
+		lr.violate("%s: restarted %s not admitted again %v after its crash; layout %s", name, victim.name, membershipWithin, describeLayout(pl))
+		return ""
+	}
+	return fmt.Sprintf(" %s crashed (lost %v), replaced and forgotten %.1fs later, admitted again %.1fs after the crash;", victim.name, loss, gone.Seconds(), time.Since(start).Seconds())
 }
 
 // nemesisResult is what one run checked.
@@ -1044,7 +1115,7 @@ func TestNemesis(t *testing.T) {
 	}
 	for _, nm := range nemeses {
 		t.Run(nm.name, func(t *testing.T) {
-			r := runNemesis(t, nm, 0, faultOpts{})
+			r := runNemesis(t, nm, 0, nm.opts)
 			reportViolations(t, nm, r)
 			if r.ops < 100 {
 				t.Errorf("only %d ops checked: the load did not run", r.ops)

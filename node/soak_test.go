@@ -20,7 +20,7 @@ func TestSoakNemeses(t *testing.T) {
 	for _, nm := range nemeses {
 		t.Run(nm.name, func(t *testing.T) {
 			ran++
-			r := runNemesis(t, nm, *soakFor, faultOpts{})
+			r := runNemesis(t, nm, *soakFor, nm.opts)
 			total += r.ops
 			bad += len(r.violations)
 			reportViolations(t, nm, r)
