@@ -117,11 +117,49 @@ func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
 	if err != nil {
 		return nil, err
 	}
+	asked := n.askLeaders(ctx, p)
 	var out []ShardInfo
 	for _, shard := range p.shardIDs() {
+		leader, ok := asked[shard]
+		if !ok {
+			leader = n.leaderGuess(shard)
+		}
 		out = append(out, ShardInfo{
-			Shard: shard, Meta: shard == metaShardID, Replicas: p.hostNames(shard), Leader: n.leaderGuess(shard),
+			Shard: shard, Meta: shard == metaShardID, Replicas: p.hostNames(shard), Leader: leader,
 		})
 	}
 	return out, nil
+}
+
+// askLeaders asks the hosts of the shards this peer has no replica of who
+// leads them (one status call per host), and keeps the answers as leader
+// hints. Without a replica the only other source is the leader named in
+// the last answer to a call on the shard, which goes stale when the peer
+// makes none (a departed leader was named for minutes).
+func (n *Node) askLeaders(ctx context.Context, p *placement) map[uint64]string {
+	out := map[uint64]string{}
+	asked := map[string]bool{}
+	for _, shard := range p.shardIDs() {
+		if n.hostsShard(shard) {
+			continue
+		}
+		for _, host := range p.hostNames(shard) {
+			if _, known := out[shard]; known || asked[host] || ctx.Err() != nil {
+				continue
+			}
+			asked[host] = true
+			raw, err := n.callPeerName(ctx, host, methodStatus, nil)
+			var st statusResp
+			if err != nil || decodeBody(raw, &st) != nil {
+				continue
+			}
+			for s, id := range st.Leaders {
+				if pe, ok := p.peerByReplica(id); ok && p.hosts(s, pe.Name) && !n.hostsShard(s) {
+					out[s] = pe.Name
+					n.setLeader(s, pe.Name)
+				}
+			}
+		}
+	}
+	return out
 }

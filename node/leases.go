@@ -449,5 +449,10 @@ func (n *Node) leaderGuess(shard uint64) string {
 			}
 		}
 	}
-	return n.leader(shard)
+	// A hint from an answer: only while the layout still has the named
+	// peer hosting the shard (it may have left since).
+	if name := n.leader(shard); name != "" && p.hosts(shard, name) {
+		return name
+	}
+	return ""
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -335,5 +336,69 @@ func TestStaleLayoutCopiesDoNotFeedEachOther(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+	}
+}
+
+// Placement on a peer without a replica of a shard names the shard's
+// current leader, not the last one an answer named: issue 11 saw a peer
+// name a departed leader for minutes.
+func TestPlacementLeaderOfShardsNotHostedHere(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five peers")
+	}
+	peers := startCluster(t, clusterOpts{peers: 5, rf: 3, shards: 4})
+	waitBalanced(t, peers, 60*time.Second)
+	ctx := ctxT(t, 60*time.Second)
+	observer := peers[4]
+	p := observer.node.placement.Load()
+	// The observer's hint for a shard it does not host is the leader named
+	// in the last answer to a call on it; a peer with no session there
+	// makes no calls that would refresh it.
+	var departing *testPeer
+	var shard uint64
+	for _, s := range p.shardIDs() {
+		if observer.node.hostsShard(s) || departing != nil {
+			continue
+		}
+		for _, tp := range peers[:4] {
+			if tp.node.leadsShard(s) {
+				departing, shard = tp, s
+				observer.node.setLeader(s, tp.cfg.Name)
+			}
+		}
+	}
+	if departing == nil {
+		t.Fatalf("no leader found for a shard the observer does not host: layout %s", describeLayout(p))
+	}
+	if err := departing.node.Leave(ctx); err != nil {
+		t.Fatalf("%s leave: %v", departing.cfg.Name, err)
+	}
+	t.Logf("%s, which led shard %d, left", departing.cfg.Name, shard)
+	ctx = ctxT(t, 10*time.Second)
+	for {
+		infos, err := observer.node.Placement(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stale := ""
+		for _, si := range infos {
+			if si.Leader == departing.cfg.Name || (si.Leader != "" && !slices.Contains(si.Replicas, si.Leader)) {
+				stale = fmt.Sprintf("shard %d: leader %q, replicas %v", si.Shard, si.Leader, si.Replicas)
+			}
+		}
+		if stale == "" {
+			for _, si := range infos {
+				if si.Leader == "" {
+					stale = fmt.Sprintf("shard %d: no leader known", si.Shard)
+				}
+			}
+			if stale == "" {
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("Placement on %s after %s left: %s", observer.cfg.Name, departing.cfg.Name, stale)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
