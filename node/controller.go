@@ -400,6 +400,17 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 	if !ok {
 		return fmt.Errorf("peer %s left the layout", peer)
 	}
+	// Adding a member raises the quorum: add only while enough of the
+	// others are caught up to form the larger one (all of them, for a
+	// one-replica shard). A member still starting or cut off would
+	// otherwise leave the shard without a quorum, and the meta shard so
+	// for good: a new replica learns that it is one from the layout, which
+	// the meta shard serves. The controller that began the last add may
+	// have lost the meta leadership since, so this is checked, not
+	// remembered.
+	if err := n.checkQuorum(ctx, p, shard, peer, 1); err != nil {
+		return fmt.Errorf("add replica on %s: %w", peer, err)
+	}
 	r, ok := p.replica(shard, peer)
 	if !ok {
 		// The layout first: a replica listed but not yet a Raft member is
@@ -452,6 +463,13 @@ func (n *Node) removeReplica(ctx context.Context, shard uint64, r replica) error
 	if changed, err := n.reconcile(ctx, p, shard); err != nil || changed {
 		return err
 	}
+	// A planned removal must leave a quorum of caught-up members; a dead
+	// peer's replica goes regardless (it counts toward no quorum).
+	if m, ok := n.mesh.Member(r.Peer); ok && m.State == mesh.StateAlive {
+		if err := n.checkQuorum(ctx, p, shard, r.Peer, -1); err != nil {
+			return fmt.Errorf("remove replica %d from %s: %w", r.ID, r.Peer, err)
+		}
+	}
 	// Never remove a leader: hand its leadership to another replica first,
 	// trying the others in turn (oldest first: the most likely up to date).
 	if leader, ok := n.shardLeader(ctx, p, shard); ok && leader == r.ID {
@@ -496,6 +514,43 @@ func (n *Node) removeReplica(ctx context.Context, shard uint64, r replica) error
 			return fmt.Errorf("replica %d left shard %d but the layout still lists it: %w", r.ID, shard, err)
 		}
 	}
+}
+
+// checkQuorum checks that shard's replicas other than peer's, as many as
+// are caught up (they serve a linearizable read), form a quorum of the
+// membership after adding (delta 1) or removing (delta -1) peer's
+// replica; a shard of one replica adds its second only while that one is.
+func (n *Node) checkQuorum(ctx context.Context, p *placement, shard uint64, peer string, delta int) error {
+	var others []string
+	for _, r := range p.Replicas[shard] {
+		if r.Peer != peer {
+			others = append(others, r.Peer)
+		}
+	}
+	size := len(others)
+	if delta > 0 {
+		size++
+	}
+	need := min(size/2+1, len(others))
+	caughtUp := 0
+	var lagging []string
+	for _, name := range others {
+		if caughtUp >= need {
+			return nil
+		}
+		cctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+		_, err := n.callPeerName(cctx, name, methodCaughtUp, mustEncode(shardReq{Shard: shard}))
+		cancel()
+		if err == nil {
+			caughtUp++
+		} else {
+			lagging = append(lagging, name)
+		}
+	}
+	if caughtUp >= need {
+		return nil
+	}
+	return fmt.Errorf("shard %d would have %d members but only %d of the others are caught up (%v lag), not a quorum; waiting", shard, size, caughtUp, lagging)
 }
 
 // dropFromLayout removes the replicas ids of shard from the layout.

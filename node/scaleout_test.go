@@ -402,3 +402,47 @@ func TestPlacementLeaderOfShardsNotHostedHere(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// The controller adds a replica only while the others could form the
+// larger quorum, and removes one only if the rest still form one: the
+// membership-faults soak lost its meta shard for good by adding a fourth
+// member while another new one had not started yet.
+func TestCheckQuorumCountsCaughtUpReplicas(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2})
+	ctx := ctxT(t, 30*time.Second)
+	n := peers[0].node
+	p := n.placement.Load()
+	// Every shard elects a leader first.
+	waitBalanced(t, peers, 30*time.Second)
+	for _, shard := range p.shardIDs() {
+		if err := n.checkQuorum(ctx, p, shard, "peer-4", 1); err != nil {
+			t.Fatalf("all caught up, adding to shard %d: %v", shard, err)
+		}
+		if err := n.checkQuorum(ctx, p, shard, "peer-3", -1); err != nil {
+			t.Fatalf("all caught up, removing from shard %d: %v", shard, err)
+		}
+	}
+	peers[2].node.kill()
+	for _, shard := range p.shardIDs() {
+		// 2 of 3 caught up: enough for 3 members, not for 4.
+		if err := n.checkQuorum(ctx, p, shard, "peer-4", 1); err == nil {
+			t.Errorf("shard %d: adding a 4th member with a 3rd one down was allowed", shard)
+		} else {
+			t.Logf("shard %d, add: %v", shard, err)
+		}
+		if err := n.checkQuorum(ctx, p, shard, "peer-2", -1); err == nil {
+			t.Errorf("shard %d: removing a live member, leaving 1 caught up of 2, was allowed", shard)
+		}
+		// Once the shard has re-elected a leader if peer-3 led it.
+		for {
+			err := n.checkQuorum(ctx, p, shard, "peer-3", -1)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("shard %d: removing the down member: %v", shard, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
