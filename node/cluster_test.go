@@ -24,6 +24,7 @@ type clusterOpts struct {
 	peers, expect, shards, rf int
 	ttl                       time.Duration
 	deadAfter                 time.Duration // 0: the default
+	mutate                    func(*Config) // changes each peer's config, if set
 }
 
 // freeAddr returns a loopback address whose port is free for TCP and UDP
@@ -95,6 +96,9 @@ func startCluster(t testing.TB, o clusterOpts) []*testPeer {
 		cfg := testConfig(t, fmt.Sprintf("peer-%d", i+1), o)
 		if seed != "" {
 			cfg.Join = []string{seed}
+		}
+		if o.mutate != nil {
+			o.mutate(&cfg)
 		}
 		p := &testPeer{cfg: cfg}
 		p.start(t)

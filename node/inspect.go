@@ -101,6 +101,11 @@ type ShardInfo struct {
 	Meta bool
 	// Replicas are the names of the peers hosting the shard.
 	Replicas []string
+	// ReplicationFactor is how many replicas the shard should have. More
+	// than len(Replicas) while there are too few peers for it (a
+	// ReplicationFactor above the peer count, or a dead peer not yet
+	// replaced); the peer also logs a warning then.
+	ReplicationFactor int
 	// Leader is the peer leading the shard as far as this peer knows ("" if
 	// unknown).
 	Leader string
@@ -126,6 +131,7 @@ func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
 		}
 		out = append(out, ShardInfo{
 			Shard: shard, Meta: shard == metaShardID, Replicas: p.hostNames(shard), Leader: leader,
+			ReplicationFactor: p.RF,
 		})
 	}
 	return out, nil

@@ -351,6 +351,26 @@ func (n *Node) placementLoop() {
 	})
 }
 
+// noteShortfall tells the operator when shards run with fewer replicas
+// than the replication factor (too few peers: ReplicationFactor above the
+// peer count, or a dead peer not yet replaced), and when that ends. old is
+// nil for the first layout.
+func (n *Node) noteShortfall(old, q *placement) {
+	short, fewest := q.shortShards()
+	was := 0
+	if old != nil {
+		was, _ = old.shortShards()
+	}
+	switch {
+	case short > 0 && (old == nil || short != was):
+		n.log.Warn("shards have fewer replicas than the replication factor; they need more peers",
+			"short_shards", short, "shards", len(q.shardIDs()), "fewest_replicas", fewest,
+			"replication_factor", q.RF, "peers", len(q.Peers))
+	case short == 0 && was > 0:
+		n.log.Info("every shard has its replication factor again", "replication_factor", q.RF)
+	}
+}
+
 // updatePlacement adopts a newer layout: it records it, starts the replicas
 // it adds here and stops the ones it removed from here. A layout that lists
 // this peer's name under another NodeHostID (another peer runs under the
@@ -363,6 +383,7 @@ func (n *Node) updatePlacement(q *placement) error {
 	if err := n.saveRecord(q); err != nil {
 		return err
 	}
+	n.noteShortfall(n.placement.Load(), q)
 	n.placement.Store(q)
 	for _, shard := range q.shardIDs() {
 		r, listed := q.replica(shard, n.cfg.Name)

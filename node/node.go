@@ -346,6 +346,7 @@ func (n *Node) adopt(p *placement) error {
 			return err
 		}
 	}
+	n.noteShortfall(nil, p)
 	n.placement.Store(p)
 	close(n.ready)
 	n.log.Info("cluster layout adopted", "cluster", p.ClusterID, "shards", p.Shards, "peers", len(p.Peers))

@@ -158,6 +158,19 @@ func (p *placement) hosts(shard uint64, name string) bool {
 	return ok
 }
 
+// shortShards counts the shards with fewer replicas than the replication
+// factor, and returns the fewest any shard has.
+func (p *placement) shortShards() (short, fewest int) {
+	fewest = p.RF
+	for _, shard := range p.shardIDs() {
+		if c := len(p.Replicas[shard]); c < p.RF {
+			short++
+			fewest = min(fewest, c)
+		}
+	}
+	return short, fewest
+}
+
 // hostNames lists the peers hosting shard.
 func (p *placement) hostNames(shard uint64) []string {
 	names := make([]string, 0, len(p.Replicas[shard]))

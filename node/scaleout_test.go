@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -444,5 +445,49 @@ func TestCheckQuorumCountsCaughtUpReplicas(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
+	}
+}
+
+// A ReplicationFactor above the peer count runs with the replicas there
+// are, but says so: a warning at start, and Placement shows the shortfall;
+// once enough peers joined the shards grow to it and the peer says that
+// too (issue 11: RF 5 on 3 peers ran with 3, silently).
+func TestReplicationFactorAbovePeerCountIsReported(t *testing.T) {
+	if testing.Short() {
+		t.Skip("grows a cluster to 5 peers")
+	}
+	logs := newLogRecorder()
+	o := clusterOpts{peers: 3, rf: 5, shards: 2, mutate: func(c *Config) { c.Logger = slog.New(logs) }}
+	peers := startCluster(t, o)
+	const warning = "shards have fewer replicas than the replication factor; they need more peers"
+	if got := logs.count(slog.LevelWarn, warning); got < 3 {
+		t.Errorf("%d warnings %q, want one per peer", got, warning)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	infos, err := peers[0].node.Placement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, si := range infos {
+		if si.ReplicationFactor != 5 || len(si.Replicas) != 3 {
+			t.Errorf("shard %d: ReplicationFactor %d with replicas %v; want 5 and the 3 peers", si.Shard, si.ReplicationFactor, si.Replicas)
+		}
+	}
+	for i := 4; i <= 5; i++ {
+		cfg := testConfig(t, fmt.Sprintf("peer-%d", i), o)
+		cfg.BootstrapExpect = 0
+		cfg.Join = []string{peers[0].node.GossipAddr()}
+		cfg.Logger = slog.New(logs)
+		p := &testPeer{cfg: cfg}
+		p.start(t)
+		t.Cleanup(p.stop)
+		p.waitReady(t)
+	}
+	for logs.count(slog.LevelInfo, "every shard has its replication factor again") == 0 {
+		if ctx.Err() != nil {
+			infos, _ := peers[0].node.Placement(context.Background())
+			t.Fatalf("shards not grown to RF 5 on 5 peers: %v", infos)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
