@@ -222,8 +222,46 @@ func (n *Node) join(addrs []string) {
 }
 
 // Ready returns a channel closed once this peer knows the cluster layout and
-// runs its replicas, so that lock calls can be served.
+// runs its replicas: from then on lock calls are sent to the shards instead
+// of waiting for the cluster to form. It does not mean the shards have
+// leaders: after a restart each shard still elects one (a few election
+// timeouts), and a cluster restarted as a whole first needs a quorum of
+// every shard back, so the first Lock can wait seconds after Ready. Use
+// WaitServing to wait until locks are granted without that wait.
 func (n *Node) Ready() <-chan struct{} { return n.ready }
+
+// WaitServing waits, bounded by ctx, until this peer is Ready and every
+// lock shard answers a linearizable read through it: each has a leader
+// with a quorum, so a Lock made now waits only for the key. It returns
+// the reason if ctx ends first.
+func (n *Node) WaitServing(ctx context.Context) error {
+	p, err := n.waitReady(ctx)
+	if err != nil {
+		return err
+	}
+	shards := p.shardIDs()[1:] // the lock shards
+	errs := make([]error, len(shards))
+	var wg sync.WaitGroup
+	for i, shard := range shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for attempt := 0; ; attempt++ {
+				_, err := n.read(ctx, shard, lockQuery{Kind: queryKey})
+				if err == nil || !retryable(err) {
+					errs[i] = err
+					return
+				}
+				if berr := n.backoff(ctx, min(attempt, 3)); berr != nil {
+					errs[i] = n.unavailable(shard, berr, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
 
 // Name returns the peer's name.
 func (n *Node) Name() string { return n.cfg.Name }
