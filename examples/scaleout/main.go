@@ -272,8 +272,10 @@ func readLayout(ctx context.Context, peers []*node.Node) (layout, error) {
 	if lo, hi := spread(l.replicas); hi-lo > 1 {
 		problems = append(problems, fmt.Sprintf("replicas per peer from %d to %d", lo, hi))
 	}
-	if lo, _ := spread(l.leaders); lo == 0 {
+	if lo, hi := spread(l.leaders); lo == 0 {
 		problems = append(problems, "a peer leads no shard")
+	} else if hi > 2*lo {
+		problems = append(problems, fmt.Sprintf("leaderships per peer from %d to %d (more than twice)", lo, hi))
 	}
 	l.problem = strings.Join(problems, "; ")
 	return l, nil
