@@ -51,13 +51,23 @@ type Config struct {
 	// BroadcastTimeout bounds how long SetMeta waits for the update to be
 	// gossiped. Zero means [DefaultBroadcastTimeout].
 	BroadcastTimeout time.Duration
+	// MaxMembers is the most members a peer's state exchange may list
+	// (default [DefaultMaxMembers]). memberlist allocates 112 bytes per
+	// member a push-pull header announces before reading any of them; the
+	// Mesh refuses headers above MaxMembers, and passes the others on only
+	// once the stream carries at least 8 bytes per announced member. The
+	// mesh cannot grow beyond it: raise it before a mesh nears it.
+	MaxMembers int
 	// Transport, when set, carries all gossip instead of the UDP/TCP
-	// transport memberlist would bind to BindAddr. It is a test hook for
+	// transport the Mesh would bind to BindAddr. It is a test hook for
 	// fault injection (internal/faultnet wraps a memberlist.NetTransport to
 	// cut gossip links); production code leaves it nil. It should listen
 	// on BindAddr; the address other peers are told to use comes from its
 	// FinalAdvertiseAddr unless AdvertiseAddr is set. The Mesh takes it
-	// over: Close shuts it down, and so does Create when it fails.
+	// over: Close shuts it down, and so does Create when it fails. Like
+	// the default transport, it sits behind the Mesh's gossip guard, which
+	// refuses messages that would make memberlist allocate far more than
+	// they carry.
 	Transport memberlist.NodeAwareTransport
 }
 
@@ -66,6 +76,7 @@ func DefaultConfig() Config {
 	return Config{
 		BindAddr:         DefaultBindAddr,
 		BroadcastTimeout: DefaultBroadcastTimeout,
+		MaxMembers:       DefaultMaxMembers,
 	}
 }
 
@@ -99,6 +110,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := EncodeMeta(c.Meta); err != nil {
 		return fmt.Errorf("%w: Meta: %w", ErrInvalidConfig, err)
+	}
+	if c.MaxMembers < 0 || c.MaxMembers > maxMaxMembers {
+		return fmt.Errorf("%w: MaxMembers %d outside [0, %d]; use 0 for the default of %d", ErrInvalidConfig, c.MaxMembers, maxMaxMembers, DefaultMaxMembers)
 	}
 	if c.BroadcastTimeout < 0 {
 		return fmt.Errorf("%w: BroadcastTimeout %v is negative", ErrInvalidConfig, c.BroadcastTimeout)

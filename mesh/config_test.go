@@ -27,6 +27,8 @@ func TestConfigValidate(t *testing.T) {
 		"short key":          func(c *Config) { c.SecretKey = make([]byte, 15) },
 		"meta too large":     func(c *Config) { c.Meta.RPCAddr = strings.Repeat("x", 300) },
 		"negative timeout":   func(c *Config) { c.BroadcastTimeout = -time.Second },
+		"negative members":   func(c *Config) { c.MaxMembers = -1 },
+		"too many members":   func(c *Config) { c.MaxMembers = maxMaxMembers + 1 },
 	} {
 		c := ok
 		mutate(&c)

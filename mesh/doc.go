@@ -12,6 +12,11 @@
 //     goroutine, fed by an unbounded queue so memberlist is never blocked;
 //   - gossip encryption: [Config.SecretKey] turns on AES-GCM encryption and
 //     rejects unencrypted traffic in both directions;
+//   - a gossip guard in front of memberlist that refuses streams and
+//     packets announcing far more than they carry (a push-pull header
+//     claiming more than [Config.MaxMembers] members, a compressed message
+//     that inflates beyond the largest legitimate one), so that a few
+//     bytes cannot make memberlist allocate megabytes;
 //   - a dragonboat node registry ([Mesh.NodeRegistryFactory], [Registry]) that
 //     resolves raft targets (NodeHostIDs) to the raft address the owning peer
 //     gossips, for use with NodeHostConfig.Expert.NodeRegistryFactory and

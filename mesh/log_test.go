@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestParseLogLine(t *testing.T) {
@@ -45,28 +46,35 @@ func (h *captureHandler) Handle(_ context.Context, r slog.Record) error {
 func (h *captureHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *captureHandler) WithGroup(string) slog.Handler      { return h }
 
-// memberlist's own log lines arrive as slog records, levels parsed.
+// memberlist's own log lines arrive as slog records, levels parsed: a
+// stream carrying a refused message makes memberlist log the connection at
+// debug level and the refusal at error level.
 func TestMemberlistLogsGoThroughSlog(t *testing.T) {
 	h := &captureHandler{}
 	m, err := Create(Config{Name: "logger", BindAddr: "127.0.0.1:0", Local: true, Logger: slog.New(h)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Close(); err != nil {
-		t.Fatal(err)
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	found := false
-	for _, r := range h.records {
-		if strings.HasPrefix(r.Message, "[") {
-			t.Errorf("level prefix left in message %q", r.Message)
+	defer m.Close()
+	sendStream(t, m.Addr(), encodeMsg(t, tPushPull, pushPullHeader{Nodes: 1 << 20}))
+	seen := func() (debug, refusal bool) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, r := range h.records {
+			if strings.HasPrefix(r.Message, "[") {
+				t.Errorf("level prefix left in message %q", r.Message)
+			}
+			if r.Level == slog.LevelDebug && strings.HasPrefix(r.Message, "Stream connection") {
+				debug = true
+			}
+			if r.Level == slog.LevelError && strings.Contains(r.Message, "gossip message refused") {
+				refusal = true
+			}
 		}
-		if r.Level == slog.LevelDebug && strings.Contains(r.Message, "dynamic bind port") {
-			found = true
-		}
+		return debug, refusal
 	}
-	if !found {
-		t.Fatalf("memberlist's debug line about the bind port not seen in %d records", len(h.records))
-	}
+	waitFor(t, 10*time.Second, "memberlist's debug line about the stream and its error line about the refusal", func() bool {
+		debug, refusal := seen()
+		return debug && refusal
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,6 +79,9 @@ func Create(cfg Config) (*Mesh, error) {
 	if cfg.BroadcastTimeout == 0 {
 		cfg.BroadcastTimeout = DefaultBroadcastTimeout
 	}
+	if cfg.MaxMembers == 0 {
+		cfg.MaxMembers = DefaultMaxMembers
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -124,23 +128,38 @@ func Create(cfg Config) (*Mesh, error) {
 		mc.GossipVerifyIncoming = true
 		mc.GossipVerifyOutgoing = true
 	}
-	// Nil keeps memberlist's own NetTransport on BindAddr.
-	mc.Transport = cfg.Transport
 	mc.Delegate = delegate{m}
 	mc.Events = eventDelegate{m}
 	mc.LogOutput = nil
 	mc.Logger = log.New(slogWriter{logger}, "", 0)
+
+	inner := cfg.Transport
+	if inner == nil {
+		nt, err := listenGossip(host, port, mc.Logger)
+		if err != nil {
+			if m.events != nil {
+				m.events.close()
+			}
+			return nil, fmt.Errorf("mesh: start gossip on %s: %w", cfg.BindAddr, err)
+		}
+		if port == 0 && cfg.AdvertiseAddr == "" {
+			// What memberlist does for the transport it makes itself.
+			mc.BindPort = nt.GetAutoBindPort()
+			mc.AdvertisePort = mc.BindPort
+		}
+		inner = nt
+	}
+	guard := newGuardTransport(inner, newGuardLimits(cfg.MaxMembers), len(cfg.SecretKey) > 0, logger)
+	mc.Transport = guard
 
 	list, err := memberlist.Create(mc)
 	if err != nil {
 		if m.events != nil {
 			m.events.close()
 		}
-		if cfg.Transport != nil {
-			// memberlist shuts a transport down only on some of its failure
-			// paths; shutting it down again is harmless.
-			_ = cfg.Transport.Shutdown()
-		}
+		// memberlist shuts a transport down only on some of its failure
+		// paths; the guard's Shutdown is idempotent.
+		_ = guard.Shutdown()
 		return nil, fmt.Errorf("mesh: start gossip on %s: %w", cfg.BindAddr, err)
 	}
 	m.list = list
@@ -329,6 +348,28 @@ func (m *Mesh) Close() error {
 		return fmt.Errorf("mesh: shutdown: %w", err)
 	}
 	return nil
+}
+
+// listenGossip binds memberlist's UDP and TCP transport on host:port. A
+// port of 0 is retried a few times, as memberlist does: the system picks
+// the TCP port, which may be taken for UDP.
+func listenGossip(host string, port int, logger *log.Logger) (*memberlist.NetTransport, error) {
+	nc := &memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: logger}
+	attempts := 1
+	if port == 0 {
+		attempts = 10
+	}
+	var err error
+	for range attempts {
+		var nt *memberlist.NetTransport
+		if nt, err = memberlist.NewNetTransport(nc); err == nil {
+			return nt, nil
+		}
+		if !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+	}
+	return nil, err
 }
 
 func (m *Mesh) isClosed() bool {

@@ -1,0 +1,350 @@
+package mesh
+
+import (
+	"bufio"
+	"bytes"
+	"compress/lzw"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// memberlist's message types, from its net.go (part of its wire protocol).
+const (
+	tPushPull byte = 6
+	tCompound byte = 7
+	tUser     byte = 8
+	tCompress byte = 9
+	tEncrypt  byte = 10
+)
+
+// pushPullHeader mirrors memberlist's: msgpack encodes it as a map keyed by
+// the field names, as memberlist's codec does.
+type pushPullHeader struct {
+	Nodes        int
+	UserStateLen int
+	Join         bool
+}
+
+// encodeMsg returns memberlist's stream form of one message: the type byte,
+// then each value msgpack-encoded.
+func encodeMsg(t testing.TB, typ byte, values ...any) []byte {
+	t.Helper()
+	out := []byte{typ}
+	for _, v := range values {
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b...)
+	}
+	return out
+}
+
+// compressMsg wraps msg the way memberlist compresses a message: LZW (LSB,
+// 8-bit literals) inside a msgpack map {Algo, Buf}, after a compressMsg byte.
+func compressMsg(t testing.TB, msg []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	w := lzw.NewWriter(&buf, lzw.LSB, 8)
+	if _, err := w.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	return encodeMsg(t, tCompress, struct {
+		Algo int
+		Buf  []byte
+	}{0, buf.Bytes()})
+}
+
+// footprint is what a user's monitoring sees of this process's memory:
+// bytes allocated so far, resident set size and its peak.
+type footprint struct {
+	totalAlloc, rss, hwm uint64
+}
+
+func readFootprint(t testing.TB) footprint {
+	t.Helper()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	f := footprint{totalAlloc: ms.TotalAlloc}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return f // not Linux: allocation only
+	}
+	for line := range strings.Lines(string(status)) {
+		field, rest, _ := strings.Cut(line, ":")
+		kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		switch field {
+		case "VmRSS":
+			f.rss = kb << 10
+		case "VmHWM":
+			f.hwm = kb << 10
+		}
+	}
+	return f
+}
+
+// resetPeakRSS restarts VmHWM from the current RSS (Linux: writing 5 to
+// clear_refs), so a test can see its own peak.
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+const mib = 1 << 20
+
+// sendStream opens a gossip TCP stream to addr, writes msg, half-closes and
+// waits (bounded) for the peer to close its side, so the peer has finished
+// with the message when it returns.
+func sendStream(t testing.TB, addr string, msg []byte) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	c.SetReadDeadline(time.Now().Add(15 * time.Second))
+	if _, err := bufio.NewReader(c).Discard(1 << 20); err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("peer kept the stream open 15s after a hostile message")
+	}
+}
+
+// A peer without a gossip key, sent 50 push-pull messages of a few dozen
+// bytes that each claim a million members, must not allocate for members
+// that were never sent. memberlist v0.7.0 alone allocates about 112 MB per
+// message (its own cap is 2^20 members of 112 bytes each).
+func TestGossipPushPullAmplification(t *testing.T) {
+	m := startMesh(t, "target", nil, nil)
+	hostile := encodeMsg(t, tPushPull, pushPullHeader{Nodes: 1 << 20})
+	compressed := compressMsg(t, hostile)
+	t.Logf("hostile push-pull: %d bytes plain, %d compressed", len(hostile), len(compressed))
+
+	const messages = 50
+	runtime.GC()
+	resetPeakRSS()
+	before := readFootprint(t)
+	for i := range messages {
+		msg := hostile
+		if i%2 == 1 {
+			msg = compressed
+		}
+		sendStream(t, m.Addr(), msg)
+	}
+	after := readFootprint(t)
+	alloc := after.totalAlloc - before.totalAlloc
+	t.Logf("%d hostile push-pulls: allocated %.1f MiB, RSS %.1f -> %.1f MiB, peak RSS %.1f MiB",
+		messages, float64(alloc)/mib, float64(before.rss)/mib, float64(after.rss)/mib, float64(after.hwm)/mib)
+	if alloc > 50*mib {
+		t.Errorf("%d hostile push-pull messages made the peer allocate %d MiB, want < 50 MiB", messages, alloc/mib)
+	}
+	if before.hwm != 0 && after.hwm > before.rss+100*mib {
+		t.Errorf("peak RSS rose from %d to %d MiB, want < +100 MiB", before.rss/mib, after.hwm/mib)
+	}
+
+	// The peer still gossips with a real one afterwards.
+	other := startMesh(t, "friend", nil, nil)
+	joinCtx(t, other, m.Addr())
+	waitFor(t, 20*time.Second, "target sees friend", func() bool { return len(m.Members()) == 2 })
+}
+
+// pingMsg builds a UDP ping for the peer called node, which answers with an
+// ack to the sender: packets are handled in order on one goroutine, so the
+// ack means every packet sent before the ping has been handled.
+func pingMsg(t testing.TB, node string, seq uint32) []byte {
+	return encodeMsg(t, 0, struct {
+		SeqNo uint32
+		Node  string
+	}{seq, node})
+}
+
+// lzwBomb returns n zero bytes, LZW-compressed: about 1/1300 of n.
+func lzwBomb(n int) []byte {
+	var buf bytes.Buffer
+	w := lzw.NewWriter(&buf, lzw.LSB, 8)
+	w.Write(make([]byte, n))
+	w.Close()
+	return buf.Bytes()
+}
+
+// A peer without a gossip key, sent 50 UDP packets of 32 KB that inflate
+// to 41 MB each, must not inflate them: memberlist v0.7.0 alone inflates a
+// compressed packet up to its 40 MB limit before giving up.
+func TestGossipPacketAmplification(t *testing.T) {
+	m := startMesh(t, "target", nil, nil)
+	bomb := encodeMsg(t, tCompress, struct {
+		Algo int
+		Buf  []byte
+	}{0, lzwBomb(41 << 20)})
+	conn, err := net.Dial("udp", m.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// acked sends a ping and waits for its ack, retrying: UDP may drop it.
+	acked := func(seq uint32) {
+		t.Helper()
+		ping := pingMsg(t, "target", seq)
+		buf := make([]byte, 1024)
+		for range 50 {
+			if _, err := conn.Write(ping); err != nil {
+				t.Fatal(err)
+			}
+			conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			if n, err := conn.Read(buf); err == nil && n > 0 && buf[0] == 2 { // ackRespMsg
+				return
+			}
+		}
+		t.Fatalf("no ack for ping %d after 50 tries", seq)
+	}
+	acked(0) // control: the peer answers pings from this socket
+	t.Logf("compressed packet: %d bytes", len(bomb))
+
+	const packets = 50
+	runtime.GC()
+	resetPeakRSS()
+	before := readFootprint(t)
+	for i := range packets {
+		if _, err := conn.Write(bomb); err != nil {
+			t.Fatal(err)
+		}
+		acked(uint32(i + 1))
+	}
+	after := readFootprint(t)
+	alloc := after.totalAlloc - before.totalAlloc
+	t.Logf("%d compressed packets: allocated %.1f MiB, RSS %.1f -> %.1f MiB, peak RSS %.1f MiB",
+		packets, float64(alloc)/mib, float64(before.rss)/mib, float64(after.rss)/mib, float64(after.hwm)/mib)
+	if alloc > 50*mib {
+		t.Errorf("%d compressed packets made the peer allocate %d MiB, want < 50 MiB", packets, alloc/mib)
+	}
+}
+
+// A gossip stream message is refused before memberlist sees it when it
+// announces more than it carries, and handed on unchanged (or inflated,
+// when compressed) otherwise.
+func TestGossipGuardStream(t *testing.T) {
+	lim := newGuardLimits(100)
+	nodes := func(n int) []byte { return bytes.Repeat([]byte{0x97, 1, 2, 3, 4, 5, 6, 7}, n) } // 7-element arrays
+	pushPull := func(n int, extra []byte) []byte {
+		return append(encodeMsg(t, tPushPull, pushPullHeader{Nodes: n}), extra...)
+	}
+	userMsg := func(n int) []byte {
+		return encodeMsg(t, tUser, struct{ UserMsgLen int }{n})
+	}
+	encrypted := func(n uint32) []byte { return binary.BigEndian.AppendUint32([]byte{tEncrypt}, n) }
+	compressed := func(raw []byte) []byte {
+		return encodeMsg(t, tCompress, struct {
+			Algo int
+			Buf  []byte
+		}{0, raw})
+	}
+	cases := []struct {
+		name   string
+		msg    []byte
+		want   []byte // nil: refused
+		reason string
+	}{
+		{"push-pull within limits", pushPull(3, nodes(3)), pushPull(3, nodes(3)), ""},
+		{"push-pull at the limit", pushPull(100, nodes(100)), pushPull(100, nodes(100)), ""},
+		{"push-pull over the limit", pushPull(101, nodes(101)), nil, "101 members"},
+		{"push-pull claiming 2^20", pushPull(1<<20, nil), nil, "1048576 members"},
+		{"push-pull without its members", pushPull(50, nodes(49)), nil, "fewer than 400 bytes"},
+		{"push-pull negative", pushPull(-1, nil), nil, "-1 members"},
+		{"push-pull user state", encodeMsg(t, tPushPull, pushPullHeader{UserStateLen: 20 << 20}), nil, "user state"},
+		{"push-pull unknown field", encodeMsg(t, tPushPull, struct{ Nodes, Extra int }{1, 2}), nil, `"Extra"`},
+		{"push-pull header as array", []byte{tPushPull, 0x93, 0xce, 0, 0x10, 0, 0, 0, 0xc2}, nil, "not a map"},
+		{"push-pull nodes as uint64", []byte{tPushPull, 0x81, 0xa5, 'N', 'o', 'd', 'e', 's', 0xcf, 0xff, 0, 0, 0, 0, 0, 0, 0}, nil, "out of range"},
+		{"user message", userMsg(100), userMsg(100), ""},
+		{"user message of 20 MB", userMsg(20 << 20), nil, "user message"},
+		{"encrypted", encrypted(1000), encrypted(1000), ""},
+		{"encrypted 4 GiB", encrypted(1<<32 - 1), nil, "encrypted message"},
+		{"ping", pingMsg(t, "x", 1), pingMsg(t, "x", 1), ""},
+		{"compressed push-pull", compressMsg(t, pushPull(3, nodes(3))), pushPull(3, nodes(3)), ""},
+		{"compressed push-pull claiming 2^20", compressMsg(t, pushPull(1<<20, nil)), nil, "1048576 members"},
+		{"compressed bomb", compressed(lzwBomb(64 << 20)), nil, "inflates to more than"},
+		{"compressed 4 GiB buffer", []byte{tCompress, 0x82, 0xa4, 'A', 'l', 'g', 'o', 0, 0xa3, 'B', 'u', 'f', 0xc6, 0xff, 0xff, 0xff, 0xff}, nil, "4294967295 bytes"},
+		{"compressed unknown algorithm", encodeMsg(t, tCompress, struct{ Algo int }{7}), nil, "algorithm 7"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := bytes.NewReader(tc.msg)
+			got, err := checkStream(r, lim)
+			if tc.want == nil {
+				if !errors.Is(err, errRefused) || !strings.Contains(err.Error(), tc.reason) {
+					t.Fatalf("checkStream = %v, want a refusal mentioning %q", err, tc.reason)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("checkStream refused a good message: %v", err)
+			}
+			// memberlist reads the bytes handed back, then the rest.
+			rest, _ := io.ReadAll(r)
+			if seen := append(got, rest...); !bytes.Equal(seen, tc.want) {
+				t.Fatalf("memberlist would read %x, want %x", seen, tc.want)
+			}
+		})
+	}
+}
+
+// Inbound gossip streams beyond maxInboundStreams are closed at once; the
+// ones within it stay open for memberlist (until its TCP timeout, 10 s
+// with the LAN timings used here).
+func TestGossipInboundStreamCap(t *testing.T) {
+	m, err := Create(Config{Name: "capped", BindAddr: "127.0.0.1:0", Meta: testMeta("capped")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	const extra = 20
+	conns := make([]net.Conn, maxInboundStreams+extra)
+	for i := range conns {
+		c, err := net.DialTimeout("tcp", m.Addr(), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	// A read past its deadline fails at once even on a closed stream, so
+	// the streams are read at the same time, each until the deadline.
+	deadline := time.Now().Add(3 * time.Second)
+	var closed atomic.Int32
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		c.SetReadDeadline(deadline)
+		wg.Go(func() {
+			if _, err := c.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				closed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if closed := int(closed.Load()); closed != extra {
+		t.Fatalf("%d of %d idle streams were closed within 3s, want the %d above the cap of %d", closed, len(conns), extra, maxInboundStreams)
+	}
+}
+
+// A stream that ends before its first byte reads as io.EOF, unwrapped,
+// which memberlist passes over without logging an error.
+func TestGossipGuardEmptyStream(t *testing.T) {
+	server, client := net.Pipe()
+	client.Close()
+	c := &guardedConn{Conn: server, limits: newGuardLimits(DefaultMaxMembers)}
+	defer c.Close()
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("Read of an empty stream = %v, want io.EOF itself", err)
+	}
+}
