@@ -126,6 +126,10 @@ type Config struct {
 	// order, tokens ascending). It must not block. Tests check every
 	// replica's apply stream with it.
 	onApply func(shard, index uint64, grants []lockfsm.Grant)
+	// dropCancels, when set and returning true, makes the withdrawal of an
+	// abandoned lock attempt fail without being proposed, as one that
+	// cannot commit in time does.
+	dropCancels func() bool
 }
 
 // RaftTLS names the PEM files for mutual TLS between Raft peers: every

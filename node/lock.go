@@ -307,6 +307,12 @@ func (n *Node) pollInterval() time.Duration { return n.cfg.SessionTTL / 4 }
 // dequeues it, or releases it if it was granted meanwhile, so an abandoned
 // grant never leaks. It runs in the background, bounded by the session TTL,
 // and reports whether it took over finishing req.
+//
+// A cancel that does not commit in time loses the whole session, as a
+// release that does not commit does: the session's keepalives would
+// otherwise keep the abandoned request queued, or granted to nobody, for
+// as long as this peer lives, and the key with it (seen under delay-drop).
+// Losing the session closes it on the cluster, which ends the request.
 func (n *Node) abandon(s *session, req uint64) bool {
 	if n.isClosed() {
 		return false
@@ -315,7 +321,15 @@ func (n *Node) abandon(s *session, req uint64) bool {
 		defer s.finish(req)
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
 		defer cancel()
-		_, _ = n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: req})
+		var err error
+		if n.cfg.dropCancels != nil && n.cfg.dropCancels() {
+			err = errors.New("cancel dropped by a test")
+		} else {
+			_, err = n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: req})
+		}
+		if err != nil && !n.isClosed() {
+			s.lose(fmt.Errorf("%w: withdrawal of an abandoned lock attempt on shard %d did not commit: %v", ErrLeaseExpired, s.shard, err))
+		}
 	})
 	return true
 }
