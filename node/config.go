@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -25,6 +26,9 @@ const (
 	// idles at about 1.6% of a core (2.9% at 50ms), and a failed leader is
 	// replaced within about 1-1.5 s. Lock latency does not depend on it.
 	DefaultRTT = 100 * time.Millisecond
+	// DefaultDeadAfter is how long a peer may be unreachable before its
+	// replicas are replaced.
+	DefaultDeadAfter = 30 * time.Second
 )
 
 // Config configures a Node. Zero values mean the defaults listed on each
@@ -81,6 +85,16 @@ type Config struct {
 	DeadAfter time.Duration
 	// GossipKey enables memberlist encryption (16, 24 or 32 bytes).
 	GossipKey []byte
+	// Insecure lets a peer listen on an address other than loopback
+	// without GossipKey, RaftTLS and TLS all set. Validate refuses such a
+	// config otherwise: anyone who can reach an unprotected port can join
+	// the mesh, propose Raft entries or lock and unlock through lockmesh's
+	// transport, and unencrypted gossip is where a single crafted message
+	// costs the most memory (see docs/SECURITY.md). Set it only on a
+	// network where every host is trusted; Start logs a warning naming
+	// the exposed addresses. An address with an empty or unspecified host
+	// (":7946", "0.0.0.0:7946") is not loopback.
+	Insecure bool
 	// Logger receives the node's logs (default: discard). dragonboat's and
 	// memberlist's logs are routed through it at warn level or quieter.
 	Logger *slog.Logger
@@ -174,7 +188,7 @@ func (c *Config) setDefaults() {
 		c.RTT = DefaultRTT
 	}
 	if c.DeadAfter == 0 {
-		c.DeadAfter = 30 * time.Second
+		c.DeadAfter = DefaultDeadAfter
 	}
 	if c.LeaseMargin == 0 {
 		c.LeaseMargin = max(c.SessionTTL/10, 2*c.RTT)
@@ -217,6 +231,11 @@ func (c Config) Validate() error {
 	if c.Name == "" || len(c.Name) > 128 {
 		return bad("Name %q must be 1 to 128 bytes", c.Name)
 	}
+	if exposed := c.exposedAddrs(); len(exposed) > 0 && !c.Insecure {
+		if missing := c.missingProtection(); len(missing) > 0 {
+			return bad("%s is not loopback: set %s, or set Insecure to run without them", exposed[0], joinAnd(missing))
+		}
+	}
 	if c.BootstrapExpect < 0 {
 		return bad("BootstrapExpect %d is negative", c.BootstrapExpect)
 	}
@@ -231,6 +250,22 @@ func (c Config) Validate() error {
 	}
 	if c.ReplicationFactor < 1 || c.ReplicationFactor > 9 {
 		return bad("ReplicationFactor %d must be between 1 and 9", c.ReplicationFactor)
+	}
+	// Zero means the default; a negative duration is a mistake, not a
+	// request for the default.
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+		def   any
+	}{
+		{"SessionTTL", c.SessionTTL, DefaultSessionTTL},
+		{"LeaseMargin", c.LeaseMargin, "max(TTL/10, 2 RTT)"},
+		{"RTT", c.RTT, DefaultRTT},
+		{"DeadAfter", c.DeadAfter, DefaultDeadAfter},
+	} {
+		if d.v < 0 {
+			return bad("%s %v is negative; use 0 for the default (%v)", d.field, d.v, d.def)
+		}
 	}
 	if c.RTT < time.Millisecond {
 		return bad("RTT %v must be at least 1ms", c.RTT)
@@ -257,4 +292,42 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// exposedAddrs returns the listening addresses (as "Field host:port") that
+// are not loopback, in a fixed order.
+func (c Config) exposedAddrs() []string {
+	var out []string
+	for _, a := range []struct{ field, addr string }{
+		{"GossipAddr", c.GossipAddr}, {"RaftAddr", c.RaftAddr}, {"RPCAddr", c.RPCAddr},
+	} {
+		if !isLoopback(a.addr) {
+			out = append(out, a.field+" "+a.addr)
+		}
+	}
+	return out
+}
+
+// missingProtection names the protections of the three links that are not
+// configured.
+func (c Config) missingProtection() []string {
+	var out []string
+	if len(c.GossipKey) == 0 {
+		out = append(out, "GossipKey")
+	}
+	if !c.RaftTLS.enabled() {
+		out = append(out, "RaftTLS")
+	}
+	if c.TLS == nil {
+		out = append(out, "TLS")
+	}
+	return out
+}
+
+// joinAnd joins names as "a", "a and b" or "a, b and c".
+func joinAnd(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }

@@ -2,7 +2,11 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +40,11 @@ func TestConfigValidate(t *testing.T) {
 		{"margin too large", func(c *Config) { c.LeaseMargin = 6 * time.Second }, "LeaseMargin"},
 		{"bad gossip key", func(c *Config) { c.GossipKey = []byte("short") }, "GossipKey"},
 		{"rtt too small", func(c *Config) { c.RTT = time.Microsecond }, "RTT"},
+		{"negative dead after", func(c *Config) { c.DeadAfter = -time.Second }, "DeadAfter -1s is negative"},
+		{"negative ttl", func(c *Config) { c.SessionTTL = -time.Second }, "SessionTTL -1s is negative"},
+		{"negative margin", func(c *Config) { c.LeaseMargin = -time.Millisecond }, "LeaseMargin -1ms is negative"},
+		{"negative rtt", func(c *Config) { c.RTT = -time.Millisecond }, "RTT -1ms is negative"},
+		{"exposed rpc", func(c *Config) { c.RPCAddr = "10.0.0.5:7000" }, "RPCAddr 10.0.0.5:7000 is not loopback"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -47,6 +56,71 @@ func TestConfigValidate(t *testing.T) {
 			}
 			if _, err := Start(context.Background(), c); !errors.Is(err, ErrInvalidConfig) {
 				t.Fatalf("Start() = %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+// A peer that listens beyond loopback needs all three protections, or
+// Insecure said out loud; on loopback it needs none.
+func TestConfigValidateExposed(t *testing.T) {
+	dir := t.TempDir()
+	var raftTLS RaftTLS
+	for _, f := range []*string{&raftTLS.CAFile, &raftTLS.CertFile, &raftTLS.KeyFile} {
+		*f = filepath.Join(dir, fmt.Sprintf("pem-%p", f))
+		if err := os.WriteFile(*f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := make([]byte, 32)
+	base := func(gossip, raft, rpc string) Config {
+		return Config{Name: "p1", DataDir: dir, GossipAddr: gossip, RaftAddr: raft, RPCAddr: rpc, BootstrapExpect: 3}
+	}
+	secure := func(c Config) Config {
+		c.GossipKey, c.RaftTLS, c.TLS = key, raftTLS, &tls.Config{}
+		return c
+	}
+	cases := []struct {
+		name string
+		cfg  Config
+		want string // "" means valid
+	}{
+		{"loopback", base("127.0.0.1:0", "127.0.0.1:7000", "127.0.0.1:0"), ""},
+		{"loopback v6 and localhost", base("[::1]:0", "localhost:7000", "[::1]:0"), ""},
+		{"rpc on a LAN", base("127.0.0.1:0", "127.0.0.1:7000", "10.0.0.5:7000"),
+			"RPCAddr 10.0.0.5:7000 is not loopback: set GossipKey, RaftTLS and TLS, or set Insecure to run without them"},
+		{"gossip on every interface", base("0.0.0.0:7946", "127.0.0.1:7000", "127.0.0.1:0"), "GossipAddr 0.0.0.0:7946 is not loopback"},
+		{"raft with no host", base("127.0.0.1:0", ":7000", "127.0.0.1:0"), "RaftAddr :7000 is not loopback"},
+		{"all exposed, all protected", secure(base("10.0.0.5:7946", "10.0.0.5:7947", "10.0.0.5:7948")), ""},
+		{"all exposed, Insecure", func() Config {
+			c := base("10.0.0.5:7946", "10.0.0.5:7947", "10.0.0.5:7948")
+			c.Insecure = true
+			return c
+		}(), ""},
+		{"gossip key missing", func() Config {
+			c := secure(base("10.0.0.5:7946", "10.0.0.5:7947", "10.0.0.5:7948"))
+			c.GossipKey = nil
+			return c
+		}(), "GossipAddr 10.0.0.5:7946 is not loopback: set GossipKey, or set Insecure"},
+		{"TLS missing", func() Config {
+			c := secure(base("127.0.0.1:0", "127.0.0.1:7000", "[2001:db8::1]:7000"))
+			c.TLS = nil
+			return c
+		}(), "RPCAddr [2001:db8::1]:7000 is not loopback: set TLS, or set Insecure"},
+		{"raft TLS and key missing", func() Config {
+			c := secure(base("127.0.0.1:0", "192.168.1.2:7000", "127.0.0.1:0"))
+			c.RaftTLS, c.GossipKey = RaftTLS{}, nil
+			return c
+		}(), "set GossipKey and RaftTLS, or set Insecure"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case tc.want != "" && (!errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Validate() = %v, want ErrInvalidConfig saying %q", err, tc.want)
 			}
 		})
 	}

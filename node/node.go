@@ -533,7 +533,9 @@ func (n *Node) leader(shard uint64) string {
 func (n *Node) now() time.Time { return n.cfg.Clock.Now() }
 
 // warnPlaintext says which links are not protected, once at start: fine
-// for local development, not for production.
+// for local development, not for production. When Config.Insecure is what
+// let an unprotected peer listen beyond loopback, it says so and names the
+// exposed addresses.
 func (n *Node) warnPlaintext() {
 	var plain []string
 	if len(n.cfg.GossipKey) == 0 {
@@ -547,6 +549,15 @@ func (n *Node) warnPlaintext() {
 	}
 	if len(plain) > 0 {
 		n.log.Warn("running without encryption or peer authentication; use only for local development", "plaintext", plain)
+	}
+	if !n.cfg.Insecure {
+		return
+	}
+	if exposed := n.cfg.exposedAddrs(); len(exposed) > 0 && len(plain) > 0 {
+		n.log.Warn("Insecure is set: unprotected ports listen beyond loopback; any host that reaches them can join, propose and lock, and a crafted gossip message costs memory (see docs/SECURITY.md)",
+			"exposed", exposed, "unset", n.cfg.missingProtection())
+	} else {
+		n.log.Info("Insecure is set but changes nothing: every address is loopback or every link is protected")
 	}
 }
 

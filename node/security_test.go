@@ -455,3 +455,53 @@ func TestSecurityPlaintextWarning(t *testing.T) {
 		})
 	}
 }
+
+// A peer listening beyond loopback without the three protections does not
+// start unless Insecure is set; with it, it starts, serves locks and warns
+// once, naming the exposed address and what is unset.
+func TestSecurityInsecureWarning(t *testing.T) {
+	exposed := func(c *Config) {
+		c.Name = "exposed"
+		c.RPCAddr = "0.0.0.0:0" // every interface
+	}
+	cfg := testConfig(t, "exposed", clusterOpts{expect: 1, rf: 1, shards: 2, ttl: time.Second})
+	exposed(&cfg)
+	if n, err := Start(context.Background(), cfg); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "RPCAddr 0.0.0.0:0 is not loopback") {
+		if err == nil {
+			n.Close()
+		}
+		t.Fatalf("Start on 0.0.0.0 without protection or Insecure = %v, want ErrInvalidConfig naming RPCAddr", err)
+	}
+
+	rec := newLogRecorder()
+	peers := startClusterWith(t, clusterOpts{peers: 1, rf: 1, shards: 2}, func(_ int, c *Config) {
+		exposed(c)
+		c.Insecure = true
+		c.Logger = slog.New(rec)
+	})
+	lockAndUnlock(t, peers[0].node, "insecure/a")
+	var warnings []slog.Record
+	rec.mu.Lock()
+	for _, r := range *rec.records {
+		if r.Level == slog.LevelWarn && strings.Contains(r.Message, "Insecure is set") {
+			warnings = append(warnings, r)
+		}
+	}
+	rec.mu.Unlock()
+	if len(warnings) != 1 {
+		t.Fatalf("%d warnings about Insecure, want 1", len(warnings))
+	}
+	attrs := map[string]any{}
+	warnings[0].Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.Any(); return true })
+	if got, want := attrs["exposed"], []string{"RPCAddr 0.0.0.0:0"}; !slices.Equal(asStrings(got), want) {
+		t.Errorf("warning names exposed addresses %v, want %v", got, want)
+	}
+	if got, want := attrs["unset"], []string{"GossipKey", "RaftTLS", "TLS"}; !slices.Equal(asStrings(got), want) {
+		t.Errorf("warning names unset protections %v, want %v", got, want)
+	}
+}
+
+func asStrings(v any) []string {
+	s, _ := v.([]string)
+	return s
+}

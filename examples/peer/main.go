@@ -409,6 +409,7 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.DurationVar(&nc.SessionTTL, "ttl", node.DefaultSessionTTL, "session TTL (`duration`): how long a crashed peer's locks stay held")
 	fs.DurationVar(&nc.RTT, "rtt", node.DefaultRTT, "expected round trip (`duration`) between peers")
 	fs.BoolVar(&nc.NoReplicas, "client", false, "client-only peer: never host replicas, forward requests (needs -join)")
+	fs.BoolVar(&nc.Insecure, "insecure", false, "allow addresses other than loopback; this example has no flags for gossip encryption or TLS, so any host that reaches its ports can join and lock")
 	level := fs.String("log-level", "info", "stderr log `level`: debug, info, warn or error")
 	fs.StringVar(&cfg.lock, "lock", "", "once ready, lock `key` and report on stdout")
 	fs.DurationVar(&cfg.hold, "hold", 0, "hold the -lock key this `duration`; 0 holds it until signalled")

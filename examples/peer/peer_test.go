@@ -78,11 +78,15 @@ func TestParseFlags(t *testing.T) {
 		{with("-expect", "3", "-ttl", "1s", "-rtt", "50ms"), "SessionTTL"},
 		{with("-expect", "3", "-raft", "127.0.0.1:0"), "fixed port"},
 		{with("-expect", "3", "-rpc", "nonsense"), "RPCAddr"},
+		{with("-expect", "3", "-rpc", "10.0.0.5:7003"), "RPCAddr 10.0.0.5:7003 is not loopback"},
 	} {
 		_, err := parseFlags(tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("parseFlags(%q) = %v, want an error mentioning %q", tc.args, err, tc.want)
 		}
+	}
+	if cfg, err := parseFlags(with("-expect", "3", "-gossip", "0.0.0.0:7001", "-insecure")); err != nil || !cfg.node.Insecure {
+		t.Errorf("-insecure on 0.0.0.0: Insecure %v, err %v; want it set and no error", cfg.node.Insecure, err)
 	}
 	if _, err := parseFlags([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)
