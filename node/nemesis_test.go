@@ -867,17 +867,11 @@ func injectMembership(ctx context.Context, lr *loadRun) {
 // while peers join and leave: joins alternate between one made while the
 // peer leading the fewest shards is cut off (faultFor) and one made while
 // the disk of the peer leading the most shards stalls (diskStallFor); the
-// leaving peer leaves while another peer's disk stalls. Each fault ends on
-// its own timer, whatever the join or leave is doing; the round waits for
-// it before the next step. All within membershipWithin.
+// leaving peer leaves, and a crashed peer is replaced, while another peer's
+// disk stalls. Each fault ends on its own timer, whatever the join, leave
+// or replacement is doing; the round waits for it before the next step.
+// Each step within membershipWithin.
 func injectMembershipFaults(ctx context.Context, lr *loadRun) {
-	stallMost := func(fc *faultCluster, among []*faultPeer, what string) (string, func() func()) {
-		victim := fc.pickByLeads(among, true)
-		return victim.name + what, func() func() {
-			victim.stall.Stall(false)
-			return victim.stall.Release
-		}
-	}
 	membershipRound(ctx, lr, "membership-faults", membershipFaults{
 		join: func(fc *faultCluster, i int) (string, time.Duration, func() func()) {
 			if (len(fc.retired)+i)%2 == 0 { // in a soak, later rounds alternate
@@ -887,30 +881,30 @@ func injectMembershipFaults(ctx context.Context, lr *loadRun) {
 					return func() { fc.net.Rejoin(victim.name) }
 				}
 			}
-			what, start := stallMost(fc, fc.peers, " disk stalled")
-			return what, diskStallFor(fc.opts.ttl), start
+			return stallAnother(" disk stalled")(fc, nil)
 		},
-		leave: func(fc *faultCluster, leaving *faultPeer) (string, time.Duration, func() func()) {
-			var rest []*faultPeer
-			for _, p := range fc.peers {
-				if p != leaving {
-					rest = append(rest, p)
-				}
-			}
-			what, start := stallMost(fc, rest, " disk stalled during the leave")
-			return what, diskStallFor(fc.opts.ttl), start
-		},
-		replace: func(fc *faultCluster, victim *faultPeer) (string, time.Duration, func() func()) {
-			var rest []*faultPeer
-			for _, p := range fc.peers {
-				if p != victim {
-					rest = append(rest, p)
-				}
-			}
-			what, start := stallMost(fc, rest, " disk stalled during the replacement")
-			return what, diskStallFor(fc.opts.ttl), start
-		},
+		leave:   stallAnother(" disk stalled during the leave"),
+		replace: stallAnother(" disk stalled during the replacement"),
 	})
+}
+
+// stallAnother is a membership fault that stalls the disk of the peer
+// leading the most shards other than p (the one leaving or replaced; nil
+// for none).
+func stallAnother(what string) func(fc *faultCluster, p *faultPeer) (string, time.Duration, func() func()) {
+	return func(fc *faultCluster, p *faultPeer) (string, time.Duration, func() func()) {
+		var rest []*faultPeer
+		for _, q := range fc.peers {
+			if q != p {
+				rest = append(rest, q)
+			}
+		}
+		victim := fc.pickByLeads(rest, true)
+		return victim.name + what, diskStallFor(fc.opts.ttl), func() func() {
+			victim.stall.Stall(false)
+			return victim.stall.Release
+		}
+	}
 }
 
 // membershipFaults are the faults a membership round runs while the i-th
