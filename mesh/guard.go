@@ -37,10 +37,12 @@ import (
 //   - a push-pull's user state and a stream user message are capped at
 //     maxUserStateBytes (this package's Delegate sends none);
 //   - a compressed stream message is inflated by the guard, at most to the
-//     largest push-pull MaxMembers allows, and memberlist is handed the
-//     inflated message, checked like a plain one;
+//     largest push-pull MaxMembers allows and to maxInflation times its
+//     compressed size, and memberlist is handed the inflated message,
+//     checked like a plain one;
 //   - an encrypted stream message may not announce more than twice that;
-//   - a packet's compressed parts may inflate to maxPacketBytes in total;
+//   - a packet may be compressed once (memberlist compresses a whole
+//     packet, never a part) and inflate to at most maxPacketBytes;
 //   - at most maxInboundStreams inbound streams are open at once; more are
 //     closed at once.
 //
@@ -69,6 +71,10 @@ const (
 	// compressed parts may inflate to: legitimate packets are compressed
 	// whole, after being built to fit a datagram.
 	maxPacketBytes = 64 << 10
+	// maxInflation caps how many times its size a compressed stream
+	// message may inflate to. Member states, similar as they are, compress
+	// 5-20 fold with memberlist's LZW; a run of one byte, 1300 fold.
+	maxInflation = 128
 	// maxInboundStreams caps the inbound gossip streams open at once.
 	// memberlist serves at most 128 push-pulls at once itself; streams
 	// otherwise carry joins and TCP fallback pings, each short-lived.
@@ -124,6 +130,8 @@ type guardTransport struct {
 	encrypted bool
 	log       *slog.Logger
 	warn      throttle
+	// scratch receives inflated packets; only forwardPackets uses it.
+	scratch []byte
 
 	packets chan *memberlist.Packet
 	streams chan net.Conn
@@ -195,8 +203,7 @@ func (t *guardTransport) forwardPackets() {
 			return
 		case p := <-in:
 			if !t.encrypted {
-				budget := maxPacketBytes
-				if err := checkPacket(p.Buf, &budget, 0); err != nil {
+				if err := checkPacket(p.Buf, &t.scratch, false, 0); err != nil {
 					t.warn.log(t.log, "mesh: dropped a gossip packet", "from", p.From, "err", err)
 					continue
 				}
@@ -294,7 +301,7 @@ func checkStream(r io.Reader, lim guardLimits) ([]byte, error) {
 	}
 	switch typ {
 	case msgCompress:
-		inner, err := inflate(mr, lim.maxState)
+		inner, err := inflate(mr, lim.maxState, maxInflation, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -380,10 +387,11 @@ func checkPlain(r *msgReader, lim guardLimits) error {
 	return nil
 }
 
-// checkPacket checks a plaintext packet (or a part of one). Compressed
-// parts are inflated here, drawing on budget, and checked in turn; depth
-// counts the compound and compression layers around buf.
-func checkPacket(buf []byte, budget *int, depth int) error {
+// checkPacket checks a plaintext packet (or a part of one). A compressed
+// packet is inflated into *scratch, which is kept for the next packet,
+// and checked in turn; inflated says buf is that inflated content. depth
+// counts the layers (compound, compression) around buf.
+func checkPacket(buf []byte, scratch *[]byte, inflated bool, depth int) error {
 	if len(buf) == 0 {
 		return nil
 	}
@@ -395,7 +403,7 @@ func checkPacket(buf []byte, budget *int, depth int) error {
 		if len(buf) < 5 {
 			return nil // memberlist drops it
 		}
-		return checkPacket(buf[5:], budget, depth)
+		return checkPacket(buf[5:], scratch, inflated, depth)
 	case msgCompound:
 		if len(buf) < 2 {
 			return nil
@@ -410,26 +418,31 @@ func checkPacket(buf []byte, budget *int, depth int) error {
 			if n > len(body) {
 				return nil // memberlist handles the parts that are whole
 			}
-			if err := checkPacket(body[:n], budget, depth+1); err != nil {
+			if err := checkPacket(body[:n], scratch, inflated, depth+1); err != nil {
 				return err
 			}
 			body = body[n:]
 		}
 	case msgCompress:
-		r := &msgReader{buf: buf, off: 1}
-		inner, err := inflate(r, *budget)
+		if inflated || depth > 0 {
+			return refused("compressed message inside a packet; memberlist compresses whole packets only")
+		}
+		if cap(*scratch) == 0 {
+			*scratch = make([]byte, 0, maxPacketBytes+bytes.MinRead+1)
+		}
+		inner, err := inflate(&msgReader{buf: buf, off: 1}, maxPacketBytes, 0, (*scratch)[:0])
 		if err != nil {
 			return err
 		}
-		*budget -= len(inner)
-		return checkPacket(inner, budget, depth+1)
+		return checkPacket(inner, scratch, true, depth+1)
 	}
 	return nil
 }
 
 // inflate reads memberlist's compress struct {Algo, Buf} from r and
-// returns Buf decompressed, refusing to produce more than limit bytes.
-func inflate(r *msgReader, limit int) ([]byte, error) {
+// returns Buf decompressed, appended to dst, refusing to produce more than
+// limit bytes or, with maxRatio, more than maxRatio times Buf's size.
+func inflate(r *msgReader, limit, maxRatio int, dst []byte) ([]byte, error) {
 	algo := int64(-1)
 	var compressed []byte
 	err := r.fields(func(key string) (err error) {
@@ -449,19 +462,24 @@ func inflate(r *msgReader, limit int) ([]byte, error) {
 	if algo != int64(lzwAlgo) {
 		return nil, refused("unknown compression algorithm %d", algo)
 	}
+	what := fmt.Sprintf("%d bytes", limit)
+	if maxRatio > 0 && maxRatio*len(compressed) < limit {
+		limit = maxRatio * len(compressed)
+		what = fmt.Sprintf("%d times its size of %d bytes", maxRatio, len(compressed))
+	}
 	zr := lzw.NewReader(bytes.NewReader(compressed), lzw.LSB, lzwLitWidth)
 	defer zr.Close()
-	out, err := io.ReadAll(io.LimitReader(zr, int64(limit)+1))
-	if err != nil {
+	out := bytes.NewBuffer(dst)
+	if _, err := out.ReadFrom(io.LimitReader(zr, int64(limit)+1)); err != nil {
 		return nil, refused("bad compressed data: %v", err)
 	}
-	if len(out) > limit {
-		return nil, refused("compressed message inflates to more than %d bytes", limit)
+	if out.Len() > limit {
+		return nil, refused("compressed message inflates to more than %s", what)
 	}
-	if len(out) == 0 {
+	if out.Len() == 0 {
 		return nil, refused("compressed message is empty")
 	}
-	return out, nil
+	return out.Bytes(), nil
 }
 
 // msgReader parses msgpack from buf, reading more from src (when not nil)

@@ -274,6 +274,7 @@ func TestGossipGuardStream(t *testing.T) {
 		{"compressed push-pull", compressMsg(t, pushPull(3, nodes(3))), pushPull(3, nodes(3)), ""},
 		{"compressed push-pull claiming 2^20", compressMsg(t, pushPull(1<<20, nil)), nil, "1048576 members"},
 		{"compressed bomb", compressed(lzwBomb(64 << 20)), nil, "inflates to more than"},
+		{"compressed 200-fold", compressed(lzwBomb(150 << 10)), nil, "128 times its size"},
 		{"compressed 4 GiB buffer", []byte{tCompress, 0x82, 0xa4, 'A', 'l', 'g', 'o', 0, 0xa3, 'B', 'u', 'f', 0xc6, 0xff, 0xff, 0xff, 0xff}, nil, "4294967295 bytes"},
 		{"compressed unknown algorithm", encodeMsg(t, tCompress, struct{ Algo int }{7}), nil, "algorithm 7"},
 	}
@@ -346,5 +347,52 @@ func TestGossipGuardEmptyStream(t *testing.T) {
 	defer c.Close()
 	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("Read of an empty stream = %v, want io.EOF itself", err)
+	}
+}
+
+// A plaintext packet may be compressed once, as memberlist compresses
+// whole packets, and inflate to at most maxPacketBytes.
+func TestGossipGuardPacket(t *testing.T) {
+	ping := pingMsg(t, "x", 1)
+	crc := func(msg []byte) []byte { return append([]byte{msgHasCRC, 0, 0, 0, 0}, msg...) }
+	compound := func(parts ...[]byte) []byte {
+		out := []byte{tCompound, byte(len(parts))}
+		for _, p := range parts {
+			out = binary.BigEndian.AppendUint16(out, uint16(len(p)))
+		}
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	bomb := encodeMsg(t, tCompress, struct {
+		Algo int
+		Buf  []byte
+	}{0, lzwBomb(41 << 20)})
+	cases := []struct {
+		name   string
+		packet []byte
+		reason string // "" means it passes
+	}{
+		{"ping", ping, ""},
+		{"compound", compound(ping, ping), ""},
+		{"compressed compound with a checksum", crc(compressMsg(t, compound(ping, ping))), ""},
+		{"compressed bomb", bomb, "inflates to more than 65536 bytes"},
+		{"compressed bomb with a checksum", crc(bomb), "inflates to more than"},
+		{"compressed part of a compound", compound(ping, compressMsg(t, ping)), "compresses whole packets only"},
+		{"compressed twice", compressMsg(t, compressMsg(t, ping)), "compresses whole packets only"},
+		{"truncated compound", compound(ping)[:4], ""},
+	}
+	var scratch []byte
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkPacket(tc.packet, &scratch, false, 0)
+			switch {
+			case tc.reason == "" && err != nil:
+				t.Fatalf("checkPacket refused a good packet: %v", err)
+			case tc.reason != "" && (!errors.Is(err, errRefused) || !strings.Contains(err.Error(), tc.reason)):
+				t.Fatalf("checkPacket = %v, want a refusal mentioning %q", err, tc.reason)
+			}
+		})
 	}
 }
