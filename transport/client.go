@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Client sends calls to Servers. It keeps one multiplexed connection per
@@ -220,7 +221,13 @@ type clientConn struct {
 	conn    net.Conn // nil until dialed
 	err     error    // why the connection died; set before done is closed
 	pending map[uint64]chan response
+	lastUse time.Time // when a call last started or got its response
 }
+
+// errIdle is why a Client closed a connection nobody used for
+// IdleTimeout/2. No call sees it: a call that meets the closed connection
+// before its request was queued retries on a new one.
+var errIdle = errors.New("transport: closed idle connection")
 
 // run dials, starts the writer and then reads responses until the
 // connection dies.
@@ -246,14 +253,42 @@ func (cc *clientConn) run() {
 	cc.client.wg.Add(1)
 	go func() {
 		defer cc.client.wg.Done()
-		if err := writeLoop(conn, cc.queue, cc.done); err != nil {
+		if err := writeLoop(conn, cc.queue, cc.done, 0); err != nil {
 			cc.fail(cc.unavailable(err))
 		}
 	}()
 
 	br := bufio.NewReaderSize(conn, readBufSize)
 	maxSize := cc.client.cfg.MaxFrameSize
+	// Close the connection once it has been idle for half the server's
+	// IdleTimeout, before the server would: a server closing it could race
+	// with a new call, which would then fail with its outcome unknown.
+	idle := cc.client.cfg.IdleTimeout / 2
+	rd := readDeadline{conn: conn}
+	rd.set(time.Now().Add(idle))
 	for {
+		// Wait for a response to begin. Peek consumes nothing, so when the
+		// deadline passes with calls in flight or recent ones, it is just
+		// moved to when the connection would be idle.
+		for {
+			_, err := br.Peek(1)
+			if err == nil {
+				break
+			}
+			if isTimeout(err) {
+				if next, closed := cc.closeIfIdle(idle); !closed {
+					rd.set(next)
+					continue
+				}
+				return
+			}
+			if cc.fail(cc.unavailable(err)) && isProtocolError(err) {
+				cc.client.cfg.Logger.Error("transport: closing connection after bad frame", "peer", cc.addr, "err", err)
+			}
+			return
+		}
+		// A response that has begun gets at least half of idle to arrive.
+		rd.atLeast(idle)
 		f, err := ReadFrame(br, maxSize)
 		if err == nil && f.Kind != KindResponse {
 			err = fmt.Errorf("transport: %w %d from server", errUnexpectedKind, f.Kind)
@@ -267,6 +302,7 @@ func (cc *clientConn) run() {
 		cc.mu.Lock()
 		ch := cc.pending[f.ID]
 		delete(cc.pending, f.ID)
+		cc.lastUse = time.Now()
 		cc.mu.Unlock()
 		if ch == nil {
 			continue // the caller gave up; its response is dropped
@@ -280,6 +316,43 @@ func (cc *clientConn) run() {
 }
 
 func (cc *clientConn) unavailable(err error) error { return unavailable(cc.addr, err) }
+
+// closeIfIdle closes the connection if no call is in flight and none
+// started or finished for idle; otherwise it returns when to check again.
+// The check and the close happen under the pool lock and cc.mu together,
+// so a call either registered first (and the connection stays) or finds
+// it closed before queueing its request (and retries on a new one).
+func (cc *clientConn) closeIfIdle(idle time.Duration) (next time.Time, closed bool) {
+	c := cc.client
+	c.mu.Lock()
+	cc.mu.Lock()
+	now := time.Now()
+	switch {
+	case cc.err != nil:
+		cc.mu.Unlock()
+		c.mu.Unlock()
+		return time.Time{}, true
+	case len(cc.pending) > 0:
+		next = now.Add(idle)
+	case now.Sub(cc.lastUse) < idle:
+		next = cc.lastUse.Add(idle)
+	default:
+		if c.conns[cc.addr] == cc {
+			delete(c.conns, cc.addr)
+		}
+		cc.err = cc.unavailable(errIdle)
+		conn := cc.conn
+		cc.pending = nil
+		close(cc.done)
+		cc.mu.Unlock()
+		c.mu.Unlock()
+		conn.Close()
+		return time.Time{}, true
+	}
+	cc.mu.Unlock()
+	c.mu.Unlock()
+	return next, false
+}
 
 // fail marks the connection dead with reason err, closes the socket and
 // removes it from the pool. Only the first call has an effect; it reports
@@ -320,6 +393,7 @@ func (cc *clientConn) call(ctx context.Context, id uint64, buf *[]byte) ([]byte,
 		return nil, errNotSent
 	}
 	cc.pending[id] = ch
+	cc.lastUse = time.Now()
 	cc.mu.Unlock()
 
 	select {

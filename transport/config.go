@@ -26,6 +26,23 @@ const DefaultDialTimeout = 2 * time.Second
 // when Config.MaxConcurrentRequests is zero.
 const DefaultMaxConcurrentRequests = 4096
 
+// Server connection limits used where the Config fields are zero. A peer
+// holds one pooled connection to each other peer (per Client), so the
+// caps leave room for hundreds of peers while bounding what connections
+// that send nothing can cost (2 goroutines and their buffers each).
+const (
+	// DefaultHandshakeTimeout bounds a new connection's TLS handshake and
+	// first frame: Consul's RPC handshake timeout.
+	DefaultHandshakeTimeout = 5 * time.Second
+	// DefaultIdleTimeout closes a server connection that has received no
+	// frame and answered no request for this long.
+	DefaultIdleTimeout = 2 * time.Minute
+	// DefaultMaxConns caps the connections a Server holds at once.
+	DefaultMaxConns = 1024
+	// DefaultMaxConnsPerIP caps the connections from one remote address.
+	DefaultMaxConnsPerIP = 128
+)
+
 // Config configures a Server or a Client. The zero value is valid: plaintext
 // TCP with default limits and no logging.
 type Config struct {
@@ -50,6 +67,33 @@ type Config struct {
 	// 0 means DefaultMaxConcurrentRequests.
 	MaxConcurrentRequests int
 
+	// HandshakeTimeout bounds how long a new server connection may take to
+	// complete its TLS handshake (also bounded by DialTimeout) and its
+	// first frame; one that has not sent a whole frame by then is closed.
+	// 0 means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+
+	// IdleTimeout closes a server connection that has neither received a
+	// frame nor answered a request for this long (one with a handler still
+	// running is not idle). A frame, once its first byte has arrived, must
+	// arrive whole, and a batch of responses must be written, within at
+	// most IdleTimeout (at least half of it: deadlines move lazily), so a
+	// peer that dribbles or stops reading cannot hold a connection. A Client closes its own pooled connection once it
+	// has had no call in flight for IdleTimeout/2 and redials on the next
+	// call, so the server never closes a connection under a call; give
+	// both ends the same value. 0 means DefaultIdleTimeout.
+	IdleTimeout time.Duration
+
+	// MaxConns caps the connections a Server holds open at once; a
+	// connection accepted beyond it is closed at once (and logged).
+	// 0 means DefaultMaxConns.
+	MaxConns int
+
+	// MaxConnsPerIP caps the connections a Server holds from one remote IP
+	// address, so that one host cannot take all of MaxConns. 0 means
+	// DefaultMaxConnsPerIP.
+	MaxConnsPerIP int
+
 	// Dial, when non-nil, replaces the TCP dialer: tests use it to put a
 	// fault-injecting network under the Client. TLS, when set, is layered
 	// on top of the returned connection.
@@ -66,6 +110,10 @@ func DefaultConfig() Config {
 		MaxFrameSize:          DefaultMaxFrameSize,
 		DialTimeout:           DefaultDialTimeout,
 		MaxConcurrentRequests: DefaultMaxConcurrentRequests,
+		HandshakeTimeout:      DefaultHandshakeTimeout,
+		IdleTimeout:           DefaultIdleTimeout,
+		MaxConns:              DefaultMaxConns,
+		MaxConnsPerIP:         DefaultMaxConnsPerIP,
 	}
 }
 
@@ -81,6 +129,30 @@ func (c Config) Validate() error {
 	if c.MaxConcurrentRequests < 0 {
 		errs = append(errs, fmt.Errorf("transport: MaxConcurrentRequests %d is negative; use 0 for the default of %d", c.MaxConcurrentRequests, DefaultMaxConcurrentRequests))
 	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+		def   time.Duration
+	}{
+		{"HandshakeTimeout", c.HandshakeTimeout, DefaultHandshakeTimeout},
+		{"IdleTimeout", c.IdleTimeout, DefaultIdleTimeout},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("transport: %s %v is negative; use 0 for the default of %v", d.field, d.v, d.def))
+		}
+	}
+	for _, n := range []struct {
+		field string
+		v     int
+		def   int
+	}{
+		{"MaxConns", c.MaxConns, DefaultMaxConns},
+		{"MaxConnsPerIP", c.MaxConnsPerIP, DefaultMaxConnsPerIP},
+	} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("transport: %s %d is negative; use 0 for the default of %d", n.field, n.v, n.def))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -94,6 +166,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxConcurrentRequests == 0 {
 		c.MaxConcurrentRequests = DefaultMaxConcurrentRequests
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.MaxConnsPerIP == 0 {
+		c.MaxConnsPerIP = DefaultMaxConnsPerIP
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -41,4 +41,17 @@
 //
 // Requests and responses on one connection may be interleaved in any
 // order; a Server runs each request on its own goroutine.
+//
+// # Limits
+//
+// A Server holds at most MaxConns connections (default 1024), at most
+// MaxConnsPerIP (128) from one IP address; one more is closed as soon as
+// it is accepted. A new connection must complete its TLS handshake and
+// first frame within HandshakeTimeout (5 s). After that, a connection that
+// has neither sent a frame nor had a request answered for IdleTimeout
+// (2 min) is closed, and a frame that has begun must arrive whole, and a
+// batch of responses be written, within IdleTimeout (at least half of it). A
+// Client closes a pooled connection that has had no call for
+// IdleTimeout/2, before the server would, and redials on the next call, so
+// idle closes never fail a call when both ends use the same IdleTimeout.
 package transport

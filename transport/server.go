@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,7 +36,10 @@ type Server struct {
 
 	mu     sync.Mutex
 	conns  map[*serverConn]struct{}
+	perIP  map[string]int // open connections by remote IP
 	closed bool
+
+	refusals throttle // warnings about connections over the limits
 
 	wg sync.WaitGroup // accept loop, connection goroutines, handlers
 }
@@ -79,7 +83,9 @@ func NewServer(ln net.Listener, cfg Config, h Handler) (*Server, error) {
 		ctx:    ctx,
 		cancel: cancel,
 		conns:  make(map[*serverConn]struct{}),
+		perIP:  make(map[string]int),
 	}
+	s.refusals.every = 10 * time.Second
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -134,6 +140,20 @@ func (s *Server) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		remote := conn.RemoteAddr().String()
+		ip := remoteIP(conn.RemoteAddr())
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			conn.Close()
+			return
+		}
+		if reason := s.overLimit(ip); reason != "" {
+			s.mu.Unlock()
+			conn.Close()
+			s.refusals.warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", remote, "limit", reason)
+			continue
+		}
 		if s.cfg.TLS != nil {
 			conn = tls.Server(conn, s.cfg.TLS)
 		}
@@ -141,24 +161,44 @@ func (s *Server) acceptLoop() {
 		sc := &serverConn{
 			s:      s,
 			conn:   conn,
-			remote: conn.RemoteAddr().String(),
+			remote: remote,
+			ip:     ip,
 			ctx:    ctx,
 			cancel: cancel,
 			queue:  make(chan *[]byte, queueLen),
 			slots:  make(chan struct{}, s.cfg.MaxConcurrentRequests),
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			cancel()
-			conn.Close()
-			return
+			start:  time.Now(),
 		}
 		s.conns[sc] = struct{}{}
+		s.perIP[ip]++
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go sc.run()
 	}
+}
+
+// overLimit names the limit a new connection from ip would exceed, or
+// returns "". s.mu must be held.
+func (s *Server) overLimit(ip string) string {
+	switch {
+	case len(s.conns) >= s.cfg.MaxConns:
+		return fmt.Sprintf("MaxConns %d", s.cfg.MaxConns)
+	case s.perIP[ip] >= s.cfg.MaxConnsPerIP:
+		return fmt.Sprintf("MaxConnsPerIP %d", s.cfg.MaxConnsPerIP)
+	}
+	return ""
+}
+
+// remoteIP is the address MaxConnsPerIP counts by: the IP of a TCP peer,
+// the whole address for other networks (in-memory test listeners).
+func remoteIP(addr net.Addr) string {
+	if ta, ok := addr.(*net.TCPAddr); ok {
+		return ta.AddrPort().Addr().Unmap().String()
+	}
+	if host, _, err := net.SplitHostPort(addr.String()); err == nil {
+		return host
+	}
+	return addr.String()
 }
 
 // serverConn is one accepted connection.
@@ -166,14 +206,37 @@ type serverConn struct {
 	s      *Server
 	conn   net.Conn
 	remote string
+	ip     string          // the key of s.perIP
 	ctx    context.Context // cancelled when the connection closes
 	cancel context.CancelFunc
 	queue  chan *[]byte  // encoded responses for the writer
 	slots  chan struct{} // one token per running handler
+
+	// start and active (nanoseconds after start, monotonic) date the last
+	// frame received or response queued, for IdleTimeout.
+	start  time.Time
+	active atomic.Int64
+}
+
+// touch records activity now.
+func (sc *serverConn) touch() { sc.active.Store(int64(time.Since(sc.start))) }
+
+// idleUntil is when the connection becomes idle if nothing happens: a
+// connection with a handler running is never idle.
+func (sc *serverConn) idleUntil() time.Time {
+	idle := sc.s.cfg.IdleTimeout
+	if len(sc.slots) > 0 {
+		return time.Now().Add(idle)
+	}
+	return sc.start.Add(time.Duration(sc.active.Load()) + idle)
 }
 
 // run reads requests and starts a handler goroutine for each until the
-// connection ends.
+// connection ends. It enforces HandshakeTimeout on the first frame and
+// IdleTimeout after it with read deadlines: it waits for the first byte of
+// each frame with Peek, which consumes nothing, so a deadline met while a
+// handler runs or soon after one answered (the connection is busy, not
+// idle) is simply moved to when it would become idle.
 func (sc *serverConn) run() {
 	s := sc.s
 	defer func() {
@@ -181,10 +244,15 @@ func (sc *serverConn) run() {
 		sc.conn.Close()
 		s.mu.Lock()
 		delete(s.conns, sc)
+		if s.perIP[sc.ip]--; s.perIP[sc.ip] <= 0 {
+			delete(s.perIP, sc.ip)
+		}
 		s.mu.Unlock()
 		s.wg.Done()
 	}()
 	log := s.cfg.Logger
+	rd := readDeadline{conn: sc.conn}
+	rd.set(sc.start.Add(s.cfg.HandshakeTimeout))
 
 	if tc, ok := sc.conn.(*tls.Conn); ok {
 		ctx, cancel := context.WithTimeout(sc.ctx, s.cfg.DialTimeout)
@@ -199,27 +267,49 @@ func (sc *serverConn) run() {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := writeLoop(sc.conn, sc.queue, sc.ctx.Done()); err != nil {
+		if err := writeLoop(sc.conn, sc.queue, sc.ctx.Done(), s.cfg.IdleTimeout); err != nil {
+			if isTimeout(err) {
+				log.Warn("transport: closing connection: peer does not read its responses", "peer", sc.remote, "idle_timeout", s.cfg.IdleTimeout)
+			}
 			sc.cancel()
 			sc.conn.Close() // unblocks the reader
 		}
 	}()
 
 	br := bufio.NewReaderSize(sc.conn, readBufSize)
-	for {
+	for first := true; ; first = false {
+		// Wait for the next frame to begin.
+		for {
+			_, err := br.Peek(1)
+			if err == nil {
+				break
+			}
+			if !first && isTimeout(err) {
+				if until := sc.idleUntil(); time.Now().Before(until) {
+					rd.set(until)
+					continue
+				}
+				log.Debug("transport: closing idle connection", "peer", sc.remote, "idle_timeout", s.cfg.IdleTimeout)
+				return
+			}
+			sc.readFailed(err, first)
+			return
+		}
+		if !first {
+			// A frame that has begun gets at least half an IdleTimeout to
+			// arrive whole.
+			rd.atLeast(s.cfg.IdleTimeout)
+		}
 		f, err := ReadFrame(br, s.cfg.MaxFrameSize)
 		if err == nil && f.Kind != KindRequest {
 			err = fmt.Errorf("transport: %w %d from client", errUnexpectedKind, f.Kind)
 		}
 		if err != nil {
-			switch {
-			case isProtocolError(err):
-				log.Error("transport: closing connection after bad frame", "peer", sc.remote, "err", err)
-			case !isClosedConn(err) && sc.ctx.Err() == nil:
-				log.Debug("transport: connection read failed", "peer", sc.remote, "err", err)
-			}
+			sc.readFailed(err, first)
 			return
 		}
+		sc.touch()
+		rd.atLeast(s.cfg.IdleTimeout)
 		select {
 		case sc.slots <- struct{}{}:
 		case <-sc.ctx.Done():
@@ -227,6 +317,21 @@ func (sc *serverConn) run() {
 		}
 		s.wg.Add(1)
 		go sc.handle(f)
+	}
+}
+
+// readFailed logs why reading a frame failed.
+func (sc *serverConn) readFailed(err error, first bool) {
+	s := sc.s
+	switch {
+	case isProtocolError(err):
+		s.cfg.Logger.Error("transport: closing connection after bad frame", "peer", sc.remote, "err", err)
+	case isTimeout(err) && first:
+		s.cfg.Logger.Debug("transport: closing connection that sent no whole frame within the handshake timeout", "peer", sc.remote, "handshake_timeout", s.cfg.HandshakeTimeout)
+	case isTimeout(err):
+		s.cfg.Logger.Debug("transport: closing connection whose frame did not arrive within the idle timeout", "peer", sc.remote, "idle_timeout", s.cfg.IdleTimeout)
+	case !isClosedConn(err) && sc.ctx.Err() == nil:
+		s.cfg.Logger.Debug("transport: connection read failed", "peer", sc.remote, "err", err)
 	}
 }
 
@@ -261,6 +366,7 @@ func (sc *serverConn) handle(f Frame) {
 	*buf = b
 	select {
 	case sc.queue <- buf:
+		sc.touch()
 	case <-sc.ctx.Done():
 		putBuf(buf)
 	}

@@ -357,6 +357,10 @@ func TestConfigValidate(t *testing.T) {
 		{MaxFrameSize: 1<<30 + 1},
 		{DialTimeout: -time.Second},
 		{MaxConcurrentRequests: -1},
+		{HandshakeTimeout: -time.Second},
+		{IdleTimeout: -time.Second},
+		{MaxConns: -1},
+		{MaxConnsPerIP: -1},
 	} {
 		if cfg.Validate() == nil {
 			t.Errorf("Validate(%+v) = nil, want an error", cfg)

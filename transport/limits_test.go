@@ -1,0 +1,366 @@
+package transport_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockmesh/lockmesh/transport"
+)
+
+// dialFrom returns a Config.Dial that connects from the loopback address
+// ip, so that a test can play several remote hosts (127.0.0.0/8 is all
+// loopback on Linux).
+func dialFrom(ip string, dials *atomic.Int32) func(ctx context.Context, addr string) (net.Conn, error) {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		if dials != nil {
+			dials.Add(1)
+		}
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		return d.DialContext(ctx, "tcp", addr)
+	}
+}
+
+// rawConns opens n TCP connections to addr from ip that send nothing.
+func rawConns(t testing.TB, addr, ip string, n int) []net.Conn {
+	t.Helper()
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := dialFrom(ip, nil)(context.Background(), addr)
+		if err != nil {
+			t.Fatalf("dial %d from %s: %v", i, ip, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[i] = c
+	}
+	return conns
+}
+
+// closedBy reports, for each conn, whether the server closed it by
+// deadline. The conns are read at the same time: a read past its deadline
+// fails at once even on a closed connection.
+func closedBy(conns []net.Conn, deadline time.Time) []bool {
+	closed := make([]bool, len(conns))
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		c.SetReadDeadline(deadline)
+		wg.Go(func() {
+			_, err := c.Read(make([]byte, 1))
+			closed[i] = err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+		})
+	}
+	wg.Wait()
+	return closed
+}
+
+func count(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// Slow clients (slowloris) that dribble a frame, or send nothing, are
+// closed once HandshakeTimeout passes without a first complete frame, and
+// once IdleTimeout passes after one.
+func TestSlowlorisClosed(t *testing.T) {
+	const handshake, idle = 300 * time.Millisecond, 600 * time.Millisecond
+	s := listen(t, transport.Config{HandshakeTimeout: handshake, IdleTimeout: idle, MaxConnsPerIP: 1000}, echo)
+	valid := encode(t, transport.Frame{Kind: transport.KindRequest, ID: 1, Payload: []byte("x")})
+
+	const n = 100
+	conns := rawConns(t, s.Addr(), "127.0.0.1", n)
+	// A third send nothing, a third half a length prefix, a third a whole
+	// frame and then one byte of the next; all keep dribbling nothing more.
+	for i, c := range conns {
+		switch i % 3 {
+		case 1:
+			c.Write(valid[:2])
+		case 2:
+			c.Write(append(valid, 0))
+		}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	closedAfter := make([]time.Duration, n)
+	for i, c := range conns {
+		c.SetReadDeadline(start.Add(10 * time.Second))
+		wg.Go(func() {
+			// The third that sent a whole frame reads its response first.
+			for {
+				if _, err := c.Read(make([]byte, 64)); err != nil {
+					if !errors.Is(err, os.ErrDeadlineExceeded) {
+						closedAfter[i] = time.Since(start)
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var slowest time.Duration
+	for i, d := range closedAfter {
+		if d == 0 {
+			t.Fatalf("connection %d (kind %d) still open after 10s", i, i%3)
+		}
+		slowest = max(slowest, d)
+		// Nobody is closed before its timeout: the third that sent a frame
+		// has IdleTimeout after it.
+		timeout := handshake
+		if i%3 == 2 {
+			timeout = idle
+		}
+		if d < timeout-50*time.Millisecond {
+			t.Errorf("connection %d (kind %d) closed after %v, before its timeout of %v", i, i%3, d, timeout)
+		}
+	}
+	t.Logf("%d slow connections closed; the last after %v (HandshakeTimeout %v, IdleTimeout %v)", n, slowest, handshake, idle)
+	c := newClient(t, transport.Config{})
+	if _, err := c.Call(ctxTimeout(t, 5*time.Second), s.Addr(), 1, nil); err != nil {
+		t.Fatalf("a good client after the slow ones: %v", err)
+	}
+}
+
+// A connection over MaxConns, or over MaxConnsPerIP from one address, is
+// closed as soon as it is accepted; others still get in, and a freed slot
+// can be used again.
+func TestConnectionLimits(t *testing.T) {
+	cfg := transport.Config{MaxConns: 8, MaxConnsPerIP: 5, HandshakeTimeout: time.Minute}
+	s := listen(t, cfg, echo)
+
+	a := rawConns(t, s.Addr(), "127.0.0.2", 6)
+	if closed := closedBy(a, time.Now().Add(time.Second)); count(closed) != 1 || !closed[5] {
+		t.Fatalf("6 connections from one address with MaxConnsPerIP 5: closed %v, want only the 6th", closed)
+	}
+	b := rawConns(t, s.Addr(), "127.0.0.3", 4)
+	if closed := closedBy(b, time.Now().Add(time.Second)); count(closed) != 1 || !closed[3] {
+		t.Fatalf("4 more from another address with MaxConns 8 and 5 held: closed %v, want only the 4th", closed)
+	}
+	c := newClient(t, transport.Config{Dial: dialFrom("127.0.0.4", nil)})
+	if _, err := c.Call(ctxTimeout(t, 2*time.Second), s.Addr(), 1, nil); !errors.Is(err, transport.ErrUnavailable) {
+		t.Fatalf("call with all %d connections taken = %v, want ErrUnavailable", cfg.MaxConns, err)
+	}
+	// Free one: the next call gets the slot.
+	a[0].Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := c.Call(ctxTimeout(t, 2*time.Second), s.Addr(), 1, nil)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("call after a connection was freed: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // the server notices the close asynchronously
+	}
+}
+
+// Pooled client connections survive idle periods: the client closes its
+// own idle connection before the server would (after IdleTimeout/2) and
+// redials on the next call, so no call fails; a call whose handler runs
+// longer than IdleTimeout keeps its connection open. The margins (half an
+// IdleTimeout of 1s) absorb scheduling delays on a loaded machine.
+func TestIdleTimeoutKeepsCallsWorking(t *testing.T) {
+	const idle = time.Second
+	cfg := transport.Config{IdleTimeout: idle, HandshakeTimeout: time.Second}
+	s := listen(t, cfg, func(ctx context.Context, method uint8, body []byte) ([]byte, error) {
+		if method == 2 {
+			select {
+			case <-time.After(idle + idle/2):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return echo(ctx, method, body)
+	})
+	call := func(t *testing.T, c *transport.Client, dials *atomic.Int32, method uint8) {
+		t.Helper()
+		if _, err := c.Call(ctxTimeout(t, 5*time.Second), s.Addr(), method, nil); err != nil {
+			t.Fatalf("call (method %d) after %d dials: %v", method, dials.Load(), err)
+		}
+	}
+
+	t.Run("SameIdleTimeout", func(t *testing.T) {
+		t.Parallel()
+		var dials atomic.Int32
+		c := newClient(t, transport.Config{IdleTimeout: idle, Dial: dialFrom("127.0.0.1", &dials)})
+		// Calls closer together than IdleTimeout/2 share one connection.
+		for range 10 {
+			call(t, c, &dials, 1)
+			time.Sleep(idle / 20)
+		}
+		if n := dials.Load(); n != 1 {
+			t.Fatalf("%d dials for calls %v apart, want 1", n, idle/20)
+		}
+		// A call that outlasts IdleTimeout is not cut off.
+		call(t, c, &dials, 2)
+		// After gaps longer than IdleTimeout every call still succeeds, on
+		// a new connection each time.
+		for range 2 {
+			time.Sleep(idle + idle/2)
+			call(t, c, &dials, 1)
+		}
+		if n := dials.Load(); n != 3 {
+			t.Errorf("%d dials after 2 idle gaps, want 3", n)
+		}
+	})
+
+	// A client whose idle limit is longer than the server's (configured
+	// apart) sees the server close the connection, and redials.
+	t.Run("ServerClosesFirst", func(t *testing.T) {
+		t.Parallel()
+		var dials atomic.Int32
+		c := newClient(t, transport.Config{IdleTimeout: time.Hour, Dial: dialFrom("127.0.0.1", &dials)})
+		call(t, c, &dials, 1)
+		time.Sleep(idle + idle + idle/2)
+		call(t, c, &dials, 1)
+		if n := dials.Load(); n != 2 {
+			t.Errorf("%d dials, want 2: the call after the server's idle close redials", n)
+		}
+	})
+}
+
+// floodEnv names the environment of TestHelperDialFlood.
+const floodEnv = "TRANSPORT_TEST_FLOOD_ADDR"
+
+// TestHelperDialFlood is not a test: TestIdleConnectionFlood runs it in a
+// child process to hold open connections to a server, so that the parent's
+// file descriptors and RSS are the server's alone.
+func TestHelperDialFlood(t *testing.T) {
+	addr := os.Getenv(floodEnv)
+	if addr == "" {
+		t.Skip("helper process for TestIdleConnectionFlood")
+	}
+	n, _ := strconv.Atoi(os.Getenv(floodEnv + "_N"))
+	var conns []net.Conn
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			fmt.Printf("dial failed: %v\n", err)
+			break
+		}
+		conns = append(conns, c)
+	}
+	fmt.Printf("dialed %d\n", len(conns))
+	io.Copy(io.Discard, os.Stdin) // hold them until the parent says
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// openSockets counts this process's file descriptors that are sockets
+// (pipes to the helper and its pidfd are not).
+func openSockets(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("needs /proc: %v", err)
+	}
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "socket:") {
+			n++
+		}
+	}
+	return n
+}
+
+// rssBytes is this process's resident set size.
+func rssBytes(t testing.TB) uint64 {
+	t.Helper()
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skipf("needs /proc: %v", err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Skip("no VmRSS in /proc/self/status")
+	return 0
+}
+
+// 2000 connections from one host that never send a byte cost a server with
+// the default limits at most DefaultMaxConnsPerIP sockets, and none once
+// DefaultHandshakeTimeout has passed, as a user's monitoring would see in
+// /proc.
+func TestIdleConnectionFlood(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out DefaultHandshakeTimeout")
+	}
+	s := listen(t, transport.Config{}, echo)
+	probe := newClient(t, transport.Config{Dial: dialFrom("127.0.0.2", nil)})
+	ctx := ctxTimeout(t, 30*time.Second)
+	if _, err := probe.Call(ctx, s.Addr(), 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	fdsBefore, rssBefore := openSockets(t), rssBytes(t)
+
+	const flood = 2000
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperDialFlood$")
+	cmd.Env = append(os.Environ(), floodEnv+"="+s.Addr(), floodEnv+"_N="+strconv.Itoa(flood))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		cmd.Wait()
+	}()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != fmt.Sprintf("dialed %d\n", flood) {
+		t.Fatalf("helper: %q, %v", line, err)
+	}
+	// The server accepts in order: once a call on a new connection from
+	// another address is answered, every flood connection was accepted
+	// (and closed, if over the limit).
+	probe2 := newClient(t, transport.Config{Dial: dialFrom("127.0.0.3", nil)})
+	if _, err := probe2.Call(ctx, s.Addr(), 1, nil); err != nil {
+		t.Fatalf("call from another host during the flood: %v", err)
+	}
+	fds, rss := openSockets(t)-fdsBefore-2, int64(rssBytes(t))-int64(rssBefore) // -2: probe2's two ends
+	t.Logf("%d idle connections from one host: server holds %d more sockets, RSS %+.1f MiB", flood, fds, float64(rss)/(1<<20))
+	if fds > transport.DefaultMaxConnsPerIP {
+		t.Errorf("server holds %d connections from one host, want at most DefaultMaxConnsPerIP (%d)", fds, transport.DefaultMaxConnsPerIP)
+	}
+	maxRSS := int64(10 << 20) // about 14 KB for each of the 128 held, and the GC's slack
+	if raceEnabled {
+		maxRSS *= 4
+	}
+	if rss > maxRSS {
+		t.Errorf("RSS grew %d MiB with %d idle connections, want < %d MiB", rss>>20, flood, maxRSS>>20)
+	}
+	// None of them sent a frame: all are gone after DefaultHandshakeTimeout.
+	deadline := time.Now().Add(3 * transport.DefaultHandshakeTimeout)
+	for openSockets(t)-fdsBefore-2 > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("server still holds %d flood connections %v after they were opened", openSockets(t)-fdsBefore-2, 3*transport.DefaultHandshakeTimeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
