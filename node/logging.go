@@ -48,9 +48,9 @@ type dbRule struct {
 // peer that is restarting, config changes lockmesh retries). They are Info
 // when they say what the cluster did, Debug when they are one step of it.
 // Every warning or error not listed keeps dragonboat's level: it is
-// something an operator should look at (a leader that lost its quorum, a
-// peer too slow to keep up with its ticks, a deployment id or version
-// mismatch, corrupt input, a failed snapshot).
+// something an operator should look at (a peer too slow to keep up with
+// its ticks, a deployment id or version mismatch, corrupt input, a failed
+// snapshot).
 var dbRules = []dbRule{
 	// Elections: a real campaign and its outcome are Info; a pre-vote
 	// (which a restarted or cut-off replica repeats until it hears the
@@ -59,6 +59,12 @@ var dbRules = []dbRule{
 	{"raft", "became candidate", slog.LevelInfo},
 	{"raft", "after receiving higher term", slog.LevelInfo}, // "become follower", "become followerKE"
 	{"raft", "campaign skipped, pending config change", slog.LevelInfo},
+	// A leader that heard from no quorum for an election timeout steps
+	// down (CheckQuorum). Every restart does this on the restarting peer:
+	// while it closes, and just after, when it wins an election before
+	// the others' connections to it are back. A real partition shows in
+	// lock calls failing with ErrUnavailable.
+	{"raft", "has lost quorum", slog.LevelInfo},
 	{"raft", "sent RequestPreVote", slog.LevelDebug},
 	{"raft", "sent RequestVote", slog.LevelDebug},
 	{"raft", "received %s rejection from", slog.LevelDebug},
