@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"strings"
 )
 
 // slogWriter turns memberlist's *log.Logger output ("[LEVEL] memberlist: msg")
@@ -21,6 +22,14 @@ func (w slogWriter) Write(p []byte) (int, error) {
 			continue
 		}
 		level, msg := parseLogLine(line)
+		if isKeyMismatch(msg) {
+			// Logged by the peer a mismatched one contacts, at ERROR, as
+			// "failed to receive: <reason> from=<addr>": say what it means.
+			_, from, _ := strings.Cut(msg, " from=")
+			w.log.Warn("mesh: gossip key mismatch: a peer's message cannot be read (its SecretKey differs from this peer's, or one of them has none)",
+				"component", "memberlist", "from", from, "detail", msg)
+			continue
+		}
 		if w.log.Enabled(context.Background(), level) {
 			w.log.Log(context.Background(), level, msg, "component", "memberlist")
 		}

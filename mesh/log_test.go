@@ -78,3 +78,31 @@ func TestMemberlistLogsGoThroughSlog(t *testing.T) {
 		return debug && refusal
 	})
 }
+
+// The peer a mismatched one contacts logs memberlist's decryption failure
+// as a warning that says what it means and names the sender.
+func TestKeyMismatchLoggedAsSuch(t *testing.T) {
+	for _, line := range []string{
+		"[ERR] memberlist: failed to receive: No installed keys could decrypt the message from=127.0.0.1:4242",
+		"[ERR] memberlist: failed to receive: encryption is configured but remote state is not encrypted from=127.0.0.1:4242",
+	} {
+		h := &captureHandler{}
+		if _, err := (slogWriter{log: slog.New(h)}).Write([]byte(line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		if len(h.records) != 1 {
+			t.Fatalf("%q: %d records", line, len(h.records))
+		}
+		r := h.records[0]
+		from := ""
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "from" {
+				from = a.Value.String()
+			}
+			return true
+		})
+		if r.Level != slog.LevelWarn || !strings.Contains(r.Message, "gossip key mismatch") || from != "127.0.0.1:4242" {
+			t.Errorf("%q logged as %v %q from %q; want a warning about a gossip key mismatch from 127.0.0.1:4242", line, r.Level, r.Message, from)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -63,6 +64,12 @@ type Mesh struct {
 	closeMu sync.RWMutex
 	closed  bool
 	joins   sync.WaitGroup
+
+	// joinErr is why the newest join attempt reached nobody; nil after a
+	// join succeeded. keyWarned remembers the addresses already reported
+	// as having another SecretKey.
+	joinErr   atomic.Pointer[error]
+	keyWarned sync.Map
 }
 
 // Create validates cfg and starts the local peer: it binds the gossip
@@ -174,7 +181,9 @@ func Create(cfg Config) (*Mesh, error) {
 // mesh has nobody to join). When ctx ends first, the error wraps ctx.Err()
 // and says why the last attempt failed; an attempt already in flight keeps
 // running in the background (bounded by memberlist's TCP timeout) and may
-// still join. Peers with a different or missing SecretKey never answer.
+// still join. Peers with a different or missing SecretKey never let this
+// one in: the first attempt that meets one logs a warning naming it, and
+// the error says "gossip key mismatch with <addr>".
 func (m *Mesh) Join(ctx context.Context, addrs []string) (int, error) {
 	if len(addrs) == 0 {
 		return 0, nil
@@ -183,8 +192,9 @@ func (m *Mesh) Join(ctx context.Context, addrs []string) (int, error) {
 	for attempt := 1; ; attempt++ {
 		n, err := m.joinOnce(ctx, addrs)
 		if n > 0 {
+			m.joinErr.Store(nil)
 			if err != nil {
-				m.log.Debug("mesh: joined, some addresses did not answer", "joined", n, "err", err)
+				m.log.Debug("mesh: joined, some addresses did not answer", "joined", n, "err", m.describeJoinErr(err))
 			}
 			return n, nil
 		}
@@ -193,6 +203,10 @@ func (m *Mesh) Join(ctx context.Context, addrs []string) (int, error) {
 		}
 		if err == nil {
 			err = errors.New("no address answered")
+		}
+		if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+			err = m.describeJoinErr(err)
+			m.joinErr.Store(&err)
 		}
 		if ctx.Err() != nil {
 			return 0, fmt.Errorf("mesh: join %v: %w (after %d attempts; last: %v)", addrs, ctx.Err(), attempt, err)
@@ -209,6 +223,63 @@ func (m *Mesh) Join(ctx context.Context, addrs []string) (int, error) {
 		}
 		backoff = min(2*backoff, joinBackoffMax)
 	}
+}
+
+// JoinError is why the newest join attempt reached no peer ("gossip key
+// mismatch with <addr>: ..." when a peer has another SecretKey), or nil
+// once a join succeeded or before any attempt failed.
+func (m *Mesh) JoinError() error {
+	if e := m.joinErr.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// keyMismatchTexts are what memberlist says, on either side, when two
+// peers do not share a SecretKey.
+var keyMismatchTexts = []string{
+	"no installed keys could decrypt the message",
+	"remote state is encrypted and encryption is not configured",
+	"encryption is configured but remote state is not encrypted",
+}
+
+func isKeyMismatch(text string) bool {
+	text = strings.ToLower(text)
+	for _, k := range keyMismatchTexts {
+		if strings.Contains(text, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// describeJoinErr turns memberlist's multi-line error for a failed Join
+// ("2 errors occurred:\n\t* failed to join a: ...") into one line, one
+// address per part, naming a gossip key mismatch as such and logging it
+// once per address as soon as it is seen.
+func (m *Mesh) describeJoinErr(err error) error {
+	var parts []error
+	if multi, ok := err.(interface{ WrappedErrors() []error }); ok {
+		parts = multi.WrappedErrors()
+	} else {
+		parts = []error{err}
+	}
+	var texts []string
+	for _, p := range parts {
+		text := p.Error()
+		if isKeyMismatch(text) {
+			addr, detail, ok := strings.Cut(strings.TrimPrefix(text, "failed to join "), ": ")
+			if !ok {
+				addr, detail = "a peer", text
+			}
+			text = fmt.Sprintf("gossip key mismatch with %s: %s (the two peers' SecretKeys differ, or one has none)", addr, detail)
+			if _, seen := m.keyWarned.LoadOrStore(addr, true); !seen {
+				m.log.Warn("mesh: gossip key mismatch: this peer's SecretKey differs from the one at the address, or one of them has none; it cannot join through it", "addr", addr, "detail", detail)
+			}
+		}
+		texts = append(texts, text)
+	}
+	return errors.New(strings.Join(texts, "; "))
 }
 
 // joinOnce runs one memberlist.Join, which cannot be cancelled, on a

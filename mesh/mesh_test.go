@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -228,6 +229,14 @@ func TestGossipEncryption(t *testing.T) {
 		}
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("%s: Join error %v does not wrap the context error", m.LocalName(), err)
+		}
+		// Said plainly, on one line, and known before ctx ends.
+		want := "gossip key mismatch with " + a.Addr()
+		if !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("%s: Join error %q; want one line saying %q", m.LocalName(), err, want)
+		}
+		if je := m.JoinError(); je == nil || !strings.Contains(je.Error(), want) {
+			t.Fatalf("%s: JoinError() = %v; want it to say %q", m.LocalName(), je, want)
 		}
 	}
 	// Give stray packets time to land, then check nobody got in.

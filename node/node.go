@@ -51,9 +51,6 @@ type Node struct {
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
 	refusal atomic.Pointer[identityError]
-	// joinErr is why the background join has not reached any peer yet;
-	// nil once it has (or before its first attempts fail).
-	joinErr   atomic.Pointer[error]
 	joinAddrs []string // Config.Join and the known peers, set by open
 
 	batchMu  sync.Mutex
@@ -204,7 +201,8 @@ func (n *Node) open(ctx context.Context) error {
 const joinPatience = 5 * time.Second
 
 // join joins the gossip mesh through addrs, retrying until one answers or
-// the node closes. Until then joinErr says what the last attempts hit.
+// the node closes. Until then the mesh's JoinError says what the last
+// attempt hit (a gossip key mismatch is logged by the mesh at once).
 func (n *Node) join(addrs []string) {
 	ctx, cancel := context.WithTimeout(n.ctx, joinPatience)
 	_, err := n.mesh.Join(ctx, addrs)
@@ -212,12 +210,10 @@ func (n *Node) join(addrs []string) {
 	if err == nil || n.isClosed() {
 		return
 	}
-	n.joinErr.Store(&err)
-	n.log.Warn("no Join address answered yet; still trying", "join", addrs, "err", err)
+	n.log.Warn("no Join address answered yet; still trying", "join", addrs, "err", n.mesh.JoinError())
 	if _, err := n.mesh.Join(n.ctx, addrs); err != nil {
 		return // closed
 	}
-	n.joinErr.Store(nil)
 	n.log.Info("joined the gossip mesh", "join", addrs)
 }
 
@@ -354,8 +350,8 @@ func (n *Node) waitReady(ctx context.Context) (*placement, error) {
 		if r := n.refusal.Load(); r != nil {
 			return nil, fmt.Errorf("%w: not admitted to the cluster yet: %w: %w", ErrUnavailable, r, ctx.Err())
 		}
-		if je := n.joinErr.Load(); je != nil {
-			return nil, fmt.Errorf("%w: not joined: no Join address answered (%v): %w", ErrUnavailable, *je, ctx.Err())
+		if je := n.mesh.JoinError(); je != nil {
+			return nil, fmt.Errorf("%w: not joined: no Join address answered (%v): %w", ErrUnavailable, je, ctx.Err())
 		}
 		if n.cfg.BootstrapExpect == 0 {
 			return nil, fmt.Errorf("%w: not admitted to a cluster yet (joining through %v): %w", ErrUnavailable, n.joinAddrs, ctx.Err())

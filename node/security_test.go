@@ -175,6 +175,8 @@ func TestSecurityGossipKey(t *testing.T) {
 				problems <- fmt.Sprintf("%s: locked %q (token %d) without the gossip key", in.name, l.Key(), l.Token())
 			} else if !errors.Is(err, ErrUnavailable) {
 				problems <- fmt.Sprintf("%s: Lock failed with %v, want ErrUnavailable", in.name, err)
+			} else if want := "gossip key mismatch with " + peers[0].node.GossipAddr(); !strings.Contains(err.Error(), want) {
+				problems <- fmt.Sprintf("%s: Lock failed with %v; want it to say %q", in.name, err, want)
 			}
 			select {
 			case <-n.Ready():
