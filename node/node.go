@@ -50,7 +50,7 @@ type Node struct {
 	promDue time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
-	refusal atomic.Pointer[identityError]
+	refusal   atomic.Pointer[identityError]
 	joinAddrs []string // Config.Join and the known peers, set by open
 
 	batchMu  sync.Mutex

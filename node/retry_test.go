@@ -1,9 +1,12 @@
 package node
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/lni/dragonboat/v4"
 
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -107,5 +110,29 @@ func TestRetriedReleaseAfterAckMoved(t *testing.T) {
 	}
 	if res.Status != lockfsm.StatusNotHeld {
 		t.Fatalf("release after its answer was acknowledged: %v, want NotHeld (pruned)", res.Status)
+	}
+}
+
+// Errors that say "not here, not now" are retried elsewhere instead of
+// failing the caller; a replica that closed because it moved is one
+// (issue 11: a lock failed during rebalancing with "raft shard already
+// closed"), and so is a remote peer's answer for one.
+func TestRetryableErrors(t *testing.T) {
+	for _, err := range []error{
+		dragonboat.ErrShardClosed,
+		fmt.Errorf("propose: %w", dragonboat.ErrShardClosed),
+		busyErr(3, dragonboat.ErrShardClosed),
+		dragonboat.ErrShardNotFound,
+		dragonboat.ErrTimeout,
+		rpcError(codeNotHosted, "moved"),
+	} {
+		if !retryable(err) {
+			t.Errorf("%v: not retryable", err)
+		}
+	}
+	for _, err := range []error{ErrClosed, ErrInvalidKey, errors.New("corrupt entry")} {
+		if retryable(err) {
+			t.Errorf("%v: retryable", err)
+		}
 	}
 }
