@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -489,5 +490,54 @@ func TestReplicationFactorAbovePeerCountIsReported(t *testing.T) {
 			t.Fatalf("shards not grown to RF 5 on 5 peers: %v", infos)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Leave on a 3-peer cluster with RF 3 has nowhere to move its replicas: it
+// must wait until ctx ends and say so, with every shard still at 3
+// replicas, and a peer that joins meanwhile takes the replicas so a second
+// Leave completes (issue 11: Leave returned nil after 3.7 s with 13-17 of
+// 17 shards at 2 replicas).
+func TestLeaveNeverTakesShardsBelowRF(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a Leave to time out")
+	}
+	o := clusterOpts{peers: 3, rf: 3, shards: 4}
+	peers := startCluster(t, o)
+	ctx := ctxT(t, 60*time.Second)
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := peers[2].node.Leave(lctx)
+	cancel()
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Leave with nowhere to move replicas: %v; want the deadline", err)
+	}
+	t.Logf("Leave: %v", err)
+	p, err := peers[0].node.readMetaPlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, shard := range p.shardIDs() {
+		if got := len(p.Replicas[shard]); got != 3 {
+			t.Errorf("shard %d has %d replicas after a Leave that had nowhere to go: %s", shard, got, describeLayout(p))
+		}
+	}
+	cfg := testConfig(t, "peer-4", o)
+	cfg.BootstrapExpect = 0
+	cfg.Join = []string{peers[0].node.GossipAddr()}
+	p4 := &testPeer{cfg: cfg}
+	p4.start(t)
+	t.Cleanup(p4.stop)
+	p4.waitReady(t)
+	if err := peers[2].node.Leave(ctx); err != nil {
+		t.Fatalf("Leave once a 4th peer joined: %v", err)
+	}
+	p, err = peers[0].node.readMetaPlacement(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, shard := range p.shardIDs() {
+		if got := len(p.Replicas[shard]); got != 3 || p.hosts(shard, "peer-3") {
+			t.Errorf("shard %d after peer-3 left: %v", shard, p.hostNames(shard))
+		}
 	}
 }
