@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/lockmesh/lockmesh/internal/throttle"
 )
 
 // The gossip guard sits between memberlist and its transport and refuses
@@ -129,7 +131,7 @@ type guardTransport struct {
 	// packets alone.
 	encrypted bool
 	log       *slog.Logger
-	warn      throttle
+	warn      throttle.Warner
 	// scratch receives inflated packets; only forwardPackets uses it.
 	scratch []byte
 
@@ -153,7 +155,7 @@ func newGuardTransport(inner memberlist.NodeAwareTransport, limits guardLimits, 
 		limits:             limits,
 		encrypted:          encrypted,
 		log:                log,
-		warn:               throttle{every: 10 * time.Second},
+		warn:               throttle.Warner{Every: 10 * time.Second},
 		packets:            make(chan *memberlist.Packet),
 		streams:            make(chan net.Conn),
 		stopping:           make(chan struct{}),
@@ -204,7 +206,7 @@ func (t *guardTransport) forwardPackets() {
 		case p := <-in:
 			if !t.encrypted {
 				if err := checkPacket(p.Buf, &t.scratch, false, 0); err != nil {
-					t.warn.log(t.log, "mesh: dropped a gossip packet", "from", p.From, "err", err)
+					t.warn.Warn(t.log, "mesh: dropped a gossip packet", "from", p.From, "err", err)
 					continue
 				}
 			}
@@ -227,7 +229,7 @@ func (t *guardTransport) forwardStreams() {
 			if n := t.inbound.Add(1); n > maxInboundStreams {
 				t.inbound.Add(-1)
 				_ = c.Close()
-				t.warn.log(t.log, "mesh: closed a gossip stream: too many open", "from", c.RemoteAddr(), "limit", maxInboundStreams)
+				t.warn.Warn(t.log, "mesh: closed a gossip stream: too many open", "from", c.RemoteAddr(), "limit", maxInboundStreams)
 				continue
 			}
 			gc := &guardedConn{Conn: c, limits: t.limits, onClose: func() { t.inbound.Add(-1) }}
@@ -679,30 +681,4 @@ func (r *msgReader) boolean() error {
 		return refused("msgpack code %#x is not a bool", c)
 	}
 	return nil
-}
-
-// throttle lets a warning through at most once per period, counting the
-// ones it held back, so that a flood of hostile input cannot flood the log.
-type throttle struct {
-	every      time.Duration
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-func (t *throttle) log(l *slog.Logger, msg string, args ...any) {
-	t.mu.Lock()
-	now := time.Now()
-	if !t.last.IsZero() && now.Sub(t.last) < t.every {
-		t.suppressed++
-		t.mu.Unlock()
-		return
-	}
-	n := t.suppressed
-	t.last, t.suppressed = now, 0
-	t.mu.Unlock()
-	if n > 0 {
-		args = append(args, "suppressed_since_last", n)
-	}
-	l.Warn(msg, args...)
 }

@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"os"
-	"sync"
 	"time"
 )
 
@@ -95,33 +93,6 @@ func (r *readDeadline) atLeast(d time.Duration) {
 
 // isTimeout reports a read or write deadline that passed.
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
-
-// throttle lets a warning through at most once per period, counting the
-// ones it held back, so that a flood of refused connections cannot flood
-// the log.
-type throttle struct {
-	every      time.Duration
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-func (t *throttle) warn(l *slog.Logger, msg string, args ...any) {
-	t.mu.Lock()
-	now := time.Now()
-	if !t.last.IsZero() && now.Sub(t.last) < t.every {
-		t.suppressed++
-		t.mu.Unlock()
-		return
-	}
-	n := t.suppressed
-	t.last, t.suppressed = now, 0
-	t.mu.Unlock()
-	if n > 0 {
-		args = append(args, "suppressed_since_last", n)
-	}
-	l.Warn(msg, args...)
-}
 
 // isClosedConn reports the errors of a connection closed on purpose or by
 // the peer.

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/throttle"
 )
 
 // Handler serves one request. It is called on its own goroutine per request,
@@ -39,7 +41,7 @@ type Server struct {
 	perIP  map[string]int // open connections by remote IP
 	closed bool
 
-	refusals throttle // warnings about connections over the limits
+	refusals throttle.Warner // warnings about connections over the limits
 
 	wg sync.WaitGroup // accept loop, connection goroutines, handlers
 }
@@ -85,7 +87,7 @@ func NewServer(ln net.Listener, cfg Config, h Handler) (*Server, error) {
 		conns:  make(map[*serverConn]struct{}),
 		perIP:  make(map[string]int),
 	}
-	s.refusals.every = 10 * time.Second
+	s.refusals.Every = 10 * time.Second
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -151,7 +153,7 @@ func (s *Server) acceptLoop() {
 		if reason := s.overLimit(ip); reason != "" {
 			s.mu.Unlock()
 			conn.Close()
-			s.refusals.warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", remote, "limit", reason)
+			s.refusals.Warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", remote, "limit", reason)
 			continue
 		}
 		if s.cfg.TLS != nil {
