@@ -41,7 +41,8 @@ type Config struct {
 	// Name identifies this peer in the mesh; it must be unique and stable
 	// across restarts of the same data dir. Default: the RPC address.
 	Name string
-	// DataDir holds the Raft logs, snapshots and the cluster record. It must
+	// DataDir holds the Raft logs, snapshots, the cluster record and the
+	// gossip addresses of the peers last seen (to rejoin through). It must
 	// survive restarts for held locks and fencing tokens to survive them.
 	// It is also the peer's identity (its dragonboat NodeHostID). A peer
 	// started on a wiped or replaced DataDir under a Name the cluster still
