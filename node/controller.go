@@ -443,7 +443,7 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 		if m, ok := n.mesh.Member(peer); !ok || m.State != mesh.StateAlive || m.Meta.NodeHostID != pe.NodeHostID {
 			return fmt.Errorf("peer %s (NodeHostID %s) went away while its replica %d of shard %d caught up", peer, pe.NodeHostID, r.ID, shard)
 		}
-		if _, err := n.callPeerName(ctx, peer, methodCaughtUp, mustEncode(shardReq{Shard: shard})); err == nil {
+		if err := n.caughtUp(ctx, peer, shard); err == nil {
 			n.log.Info("replica added", "shard", shard, "peer", peer, "replica", r.ID)
 			return nil
 		}
@@ -539,7 +539,7 @@ func (n *Node) checkQuorum(ctx context.Context, p *placement, shard uint64, peer
 			return nil
 		}
 		cctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
-		_, err := n.callPeerName(cctx, name, methodCaughtUp, mustEncode(shardReq{Shard: shard}))
+		err := n.caughtUp(cctx, name, shard)
 		cancel()
 		if err == nil {
 			caughtUp++
@@ -601,12 +601,8 @@ func (n *Node) reconcile(ctx context.Context, p *placement, shard uint64) (bool,
 func (n *Node) balanceLeaders(ctx context.Context, p *placement, eligible []string) error {
 	leaders := map[uint64]uint64{}
 	for _, name := range eligible {
-		raw, err := n.callPeerName(ctx, name, methodStatus, nil)
+		st, err := n.peerStatus(ctx, name)
 		if err != nil {
-			continue
-		}
-		var st statusResp
-		if decodeBody(raw, &st) != nil {
 			continue
 		}
 		for _, l := range st.Leading {
@@ -688,16 +684,29 @@ func (n *Node) balanceLeaders(ctx context.Context, p *placement, eligible []stri
 // shardLeader asks the shard's hosts who leads it.
 func (n *Node) shardLeader(ctx context.Context, p *placement, shard uint64) (uint64, bool) {
 	for _, name := range p.hostNames(shard) {
-		raw, err := n.callPeerName(ctx, name, methodStatus, nil)
-		if err != nil {
-			continue
-		}
-		var st statusResp
-		if decodeBody(raw, &st) == nil {
+		if st, err := n.peerStatus(ctx, name); err == nil {
 			if id, ok := st.Leaders[shard]; ok && id != 0 {
 				return id, true
 			}
 		}
 	}
 	return 0, false
+}
+
+// peerStatus asks the named peer which replicas it runs and who leads
+// their shards as it sees them.
+func (n *Node) peerStatus(ctx context.Context, name string) (statusResp, error) {
+	var st statusResp
+	raw, err := n.callPeerName(ctx, name, methodStatus, nil)
+	if err == nil {
+		err = decodeBody(raw, &st)
+	}
+	return st, err
+}
+
+// caughtUp asks peer whether its replica of shard serves a linearizable
+// read: it is a member and has applied everything committed before it.
+func (n *Node) caughtUp(ctx context.Context, peer string, shard uint64) error {
+	_, err := n.callPeerName(ctx, peer, methodCaughtUp, mustEncode(shardReq{Shard: shard}))
+	return err
 }

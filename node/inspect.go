@@ -41,22 +41,15 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	}
 	shard := p.shardOf(key)
 	info := KeyInfo{Key: key, Shard: shard}
-	for attempt := 0; ; attempt++ {
-		a, err := n.read(ctx, shard, lockQuery{Kind: queryKey, Key: key})
-		if err == nil {
-			if a.KeyFound {
-				info.Holders = holders(a.Key.Holders)
-				info.Waiters = holders(a.Key.Waiters)
-			}
-			return info, nil
-		}
-		if !retryable(err) {
-			return info, fmt.Errorf("inspect %q: %w", key, err)
-		}
-		if err := n.backoff(ctx, attempt); err != nil {
-			return info, fmt.Errorf("inspect %q: %w", key, n.unavailable(shard, err, err))
-		}
+	a, err := n.readRetrying(ctx, shard, lockQuery{Kind: queryKey, Key: key})
+	if err != nil {
+		return info, fmt.Errorf("inspect %q: %w", key, err)
 	}
+	if a.KeyFound {
+		info.Holders = holders(a.Key.Holders)
+		info.Waiters = holders(a.Key.Waiters)
+	}
+	return info, nil
 }
 
 func holders(hs []lockfsm.Holder) []Holder {
@@ -154,9 +147,8 @@ func (n *Node) askLeaders(ctx context.Context, p *placement) map[uint64]string {
 				continue
 			}
 			asked[host] = true
-			raw, err := n.callPeerName(ctx, host, methodStatus, nil)
-			var st statusResp
-			if err != nil || decodeBody(raw, &st) != nil {
+			st, err := n.peerStatus(ctx, host)
+			if err != nil {
 				continue
 			}
 			for s, id := range st.Leaders {

@@ -242,17 +242,7 @@ func (n *Node) WaitServing(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for attempt := 0; ; attempt++ {
-				_, err := n.read(ctx, shard, lockQuery{Kind: queryKey})
-				if err == nil || !retryable(err) {
-					errs[i] = err
-					return
-				}
-				if berr := n.backoff(ctx, min(attempt, 3)); berr != nil {
-					errs[i] = n.unavailable(shard, berr, err)
-					return
-				}
-			}
+			_, errs[i] = n.readRetrying(ctx, shard, lockQuery{Kind: queryKey})
 		}()
 	}
 	wg.Wait()

@@ -353,6 +353,21 @@ func (n *Node) read(ctx context.Context, shard uint64, q lockQuery) (lockAnswer,
 	return a, err
 }
 
+// readRetrying reads shard linearizably, trying again while the error
+// says "not now" (no leader yet, the replica moved), until ctx ends; the
+// error then says what the last try hit.
+func (n *Node) readRetrying(ctx context.Context, shard uint64, q lockQuery) (lockAnswer, error) {
+	for attempt := 0; ; attempt++ {
+		a, err := n.read(ctx, shard, q)
+		if err == nil || !retryable(err) {
+			return a, err
+		}
+		if berr := n.backoff(ctx, min(attempt, 3)); berr != nil {
+			return a, n.unavailable(shard, berr, err)
+		}
+	}
+}
+
 func (n *Node) readLocal(ctx context.Context, shard uint64, q lockQuery) (lockAnswer, error) {
 	// dragonboat needs a deadline on every request.
 	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
