@@ -139,6 +139,15 @@ func dbLevel(pkg string, level logger.LogLevel, format string) slog.Level {
 			return r.level
 		}
 	}
+	return dbDefaultLevel(level)
+}
+
+// dbRuleMax is the highest level a rule gives (every rule says a line is
+// routine): a line's level is at most this or its default level.
+const dbRuleMax = slog.LevelInfo
+
+// dbDefaultLevel is the level of a line no rule matches.
+func dbDefaultLevel(level logger.LogLevel) slog.Level {
 	switch level {
 	case logger.CRITICAL, logger.ERROR:
 		return slog.LevelError
@@ -155,7 +164,9 @@ type dbLog struct{ pkg string }
 
 func (d *dbLog) log(level logger.LogLevel, format string, args []any) {
 	l := dbLogger.Load()
-	if l == nil {
+	// Skip the rule scan when no level the line could get is shown (the
+	// default discard logger, or a Warn handler and a routine line).
+	if l == nil || !l.Enabled(context.Background(), max(dbDefaultLevel(level), dbRuleMax)) {
 		return
 	}
 	lv := dbLevel(d.pkg, level, format)

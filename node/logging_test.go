@@ -457,3 +457,13 @@ func TestCloseErrorsSayItOnce(t *testing.T) {
 		}
 	}
 }
+
+// dbLog skips the rule scan for a line whose default level and dbRuleMax
+// are both hidden: that is right only while no rule gives a higher level.
+func TestDragonboatRulesStayAtOrBelowRuleMax(t *testing.T) {
+	for _, r := range dbRules {
+		if r.level > dbRuleMax {
+			t.Errorf("rule %q/%q gives %v, above dbRuleMax %v", r.pkg, r.substr, r.level, dbRuleMax)
+		}
+	}
+}
