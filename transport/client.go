@@ -197,10 +197,15 @@ func (c *Client) Close() error {
 // forget drops cc from the pool so that the next call redials.
 func (c *Client) forget(cc *clientConn) {
 	c.mu.Lock()
+	c.forgetLocked(cc)
+	c.mu.Unlock()
+}
+
+// forgetLocked is forget with c.mu held.
+func (c *Client) forgetLocked(cc *clientConn) {
 	if c.conns[cc.addr] == cc {
 		delete(c.conns, cc.addr)
 	}
-	c.mu.Unlock()
 }
 
 type response struct {
@@ -337,13 +342,8 @@ func (cc *clientConn) closeIfIdle(idle time.Duration) (next time.Time, closed bo
 	case now.Sub(cc.lastUse) < idle:
 		next = cc.lastUse.Add(idle)
 	default:
-		if c.conns[cc.addr] == cc {
-			delete(c.conns, cc.addr)
-		}
-		cc.err = cc.unavailable(errIdle)
-		conn := cc.conn
-		cc.pending = nil
-		close(cc.done)
+		c.forgetLocked(cc)
+		conn := cc.dieLocked(cc.unavailable(errIdle))
 		cc.mu.Unlock()
 		c.mu.Unlock()
 		conn.Close()
@@ -366,15 +366,22 @@ func (cc *clientConn) fail(err error) bool {
 		cc.mu.Unlock()
 		return false
 	}
-	cc.err = err
-	conn := cc.conn
-	cc.pending = nil // callers learn from done
-	close(cc.done)
+	conn := cc.dieLocked(err)
 	cc.mu.Unlock()
 	if conn != nil {
 		conn.Close()
 	}
 	return true
+}
+
+// dieLocked marks the live connection dead with reason err (cc.mu held):
+// callers in flight learn it from done. It returns the socket for the
+// caller to close once the locks are released (nil if never dialed).
+func (cc *clientConn) dieLocked(err error) net.Conn {
+	cc.err = err
+	cc.pending = nil
+	close(cc.done)
+	return cc.conn
 }
 
 func (cc *clientConn) reason() error {
