@@ -523,15 +523,11 @@ func (n *Node) now() time.Time { return n.cfg.Clock.Now() }
 // let an unprotected peer listen beyond loopback, it says so and names the
 // exposed addresses.
 func (n *Node) warnPlaintext() {
+	link := map[string]string{"GossipKey": "gossip", "RaftTLS": "raft", "TLS": "rpc"}
+	missing := n.cfg.missingProtection()
 	var plain []string
-	if len(n.cfg.GossipKey) == 0 {
-		plain = append(plain, "gossip (set GossipKey)")
-	}
-	if n.cfg.RaftTLS == (RaftTLS{}) {
-		plain = append(plain, "raft (set RaftTLS)")
-	}
-	if n.cfg.TLS == nil {
-		plain = append(plain, "rpc (set TLS)")
+	for _, field := range missing {
+		plain = append(plain, link[field]+" (set "+field+")")
 	}
 	if len(plain) > 0 {
 		n.log.Warn("running without encryption or peer authentication; use only for local development", "plaintext", plain)
@@ -541,7 +537,7 @@ func (n *Node) warnPlaintext() {
 	}
 	if exposed := n.cfg.exposedAddrs(); len(exposed) > 0 && len(plain) > 0 {
 		n.log.Warn("Insecure is set: unprotected ports listen beyond loopback; any host that reaches them can join, propose and lock, and a crafted gossip message costs memory (see docs/SECURITY.md)",
-			"exposed", exposed, "unset", n.cfg.missingProtection())
+			"exposed", exposed, "unset", missing)
 	} else {
 		n.log.Info("Insecure is set but changes nothing: every address is loopback or every link is protected")
 	}
