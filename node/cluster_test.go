@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,15 +28,30 @@ type clusterOpts struct {
 	mutate                    func(*Config) // changes each peer's config, if set
 }
 
+var (
+	handedOutMu sync.Mutex
+	handedOut   = map[string]bool{} // addresses freeAddr returned
+)
+
 // freeAddr returns a loopback address whose port is free for TCP and UDP
 // (memberlist binds both). The port is below Linux's ephemeral range
 // (32768-60999), so the outgoing connections of tests running in other
 // packages cannot take it between this check and the peer's bind, as
 // happened to a gossip port picked with ":0".
+//
+// Each address is handed out once per test process: a port is free only
+// until its peer binds it, and a fault cluster picks every address of its
+// peers before starting them, so a repeat would make the later peer fail
+// with "address already in use" (seen once in CI).
 func freeAddr(t testing.TB) string {
 	t.Helper()
+	handedOutMu.Lock()
+	defer handedOutMu.Unlock()
 	for range 1000 {
 		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		if handedOut[addr] {
+			continue
+		}
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
@@ -46,6 +62,7 @@ func freeAddr(t testing.TB) string {
 			continue
 		}
 		u.Close()
+		handedOut[addr] = true
 		return addr
 	}
 	t.Fatal("no free loopback port in 20000-31999")
