@@ -48,6 +48,11 @@ type Meta struct {
 	// peer): it forwards its requests to peers that do. Optional sixth
 	// field; peers that predate it read it as false.
 	NoReplicas bool
+	// JoinOnly marks a peer that only joins a cluster that exists (node's
+	// BootstrapExpect 0): peers forming a new cluster neither count it
+	// nor wait for it to coordinate. Optional seventh field; peers that
+	// predate it read it as false.
+	JoinOnly bool
 	// Cluster is 0 until the peer belongs to a bootstrapped cluster, then
 	// that cluster's id.
 	Cluster uint64
@@ -71,13 +76,14 @@ func EncodeMeta(m Meta) ([]byte, error) {
 	buf.WriteByte(metaFormatV1)
 	enc := msgpack.NewEncoder(&buf)
 	// Writes to a bytes.Buffer cannot fail, so the errors are dropped.
-	_ = enc.EncodeArrayLen(metaFields + 1)
+	_ = enc.EncodeArrayLen(metaFields + 2)
 	_ = enc.EncodeString(m.NodeHostID)
 	_ = enc.EncodeString(m.RaftAddr)
 	_ = enc.EncodeString(m.RPCAddr)
 	_ = enc.EncodeUint(uint64(m.Version))
 	_ = enc.EncodeUint(m.Cluster)
 	_ = enc.EncodeBool(m.NoReplicas)
+	_ = enc.EncodeBool(m.JoinOnly)
 	if buf.Len() > MaxMetaSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMetaTooLarge, buf.Len(), MaxMetaSize)
 	}
@@ -131,6 +137,12 @@ func DecodeMeta(b []byte) (Meta, error) {
 	if n > metaFields {
 		if m.NoReplicas, err = dec.DecodeBool(); err != nil {
 			return Meta{}, fmt.Errorf("%w: NoReplicas: %v", ErrBadMeta, err)
+		}
+		known++
+	}
+	if n > metaFields+1 {
+		if m.JoinOnly, err = dec.DecodeBool(); err != nil {
+			return Meta{}, fmt.Errorf("%w: JoinOnly: %v", ErrBadMeta, err)
 		}
 		known++
 	}

@@ -71,10 +71,21 @@ func rawMeta(t testing.TB, fields ...any) []byte {
 }
 
 func TestDecodeMetaForwardCompatible(t *testing.T) {
-	b := rawMeta(t, "id", "r:1", "p:2", 3, 7, true, "a field from the future", []int{1, 2})
+	b := rawMeta(t, "id", "r:1", "p:2", 3, 7, true, true, "a field from the future", []int{1, 2})
 	got, err := DecodeMeta(b)
 	if err != nil {
 		t.Fatalf("DecodeMeta with appended fields: %v", err)
+	}
+	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, Cluster: 7, NoReplicas: true, JoinOnly: true}); got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+}
+
+// Metadata from a peer that predates the JoinOnly field has six fields.
+func TestDecodeMetaSixFields(t *testing.T) {
+	got, err := DecodeMeta(rawMeta(t, "id", "r:1", "p:2", 3, 7, true))
+	if err != nil {
+		t.Fatal(err)
 	}
 	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, Cluster: 7, NoReplicas: true}); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)

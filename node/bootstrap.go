@@ -57,7 +57,10 @@ func (n *Node) bootstrapStep() error {
 		if m.Meta.Cluster != 0 && m.Name != n.cfg.Name {
 			return n.fetchPlacement(m)
 		}
-		if !m.Meta.NoReplicas {
+		// A join-only peer is never one of the peers that form the
+		// cluster: counted, it could be picked to coordinate (the first
+		// by name) and nobody would.
+		if !m.Meta.NoReplicas && !m.Meta.JoinOnly {
 			free = append(free, m)
 		}
 	}
@@ -230,7 +233,8 @@ func (n *Node) localMeta() mesh.Meta {
 // baseMeta is what this peer gossips about itself before it belongs to a
 // cluster.
 func (n *Node) baseMeta() mesh.Meta {
-	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion, NoReplicas: n.cfg.NoReplicas}
+	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), Version: protocolVersion, NoReplicas: n.cfg.NoReplicas,
+		JoinOnly: n.cfg.BootstrapExpect == 0}
 	if n.nh != nil {
 		m.NodeHostID = n.nh.ID()
 	}
