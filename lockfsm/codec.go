@@ -9,19 +9,21 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Wire format (Version 2). Every encoding is one Version byte followed by
-// one msgpack value in canonical form: unsigned ints, string and array
-// lengths in their shortest encoding, booleans as true/false, and records as
-// positional arrays of a fixed length.
+// Wire format. Every encoding is one version byte followed by one msgpack
+// value in canonical form: unsigned ints, string, array and map lengths in
+// their shortest encoding, booleans as true/false.
 //
-//	commands: [ [op, session, req, ack, key, wait, limit, target, owner, ttlMillis, term], ... ]
-//	results:  [ [status, session, token, err], ... ]
+//	commands, FormatTagged (3):     [ {tag: value, ...}, ... ]
+//	commands, FormatPositional (2): [ [op, session, req, ack, key, wait, limit, target, owner, ttlMillis, term], ... ]
+//	results (ResultVersion 2):      [ [status, session, token, err], ... ]
 //
-// Version 1 commands have no term (10 fields) and decode with Term 0;
-// results are the same in both. The decoders accept exactly these forms,
-// so decoding a current-version input then encoding it gives the input back
-// byte for byte, and they check every length against the input that is
-// left before allocating.
+// A tagged command is a map whose keys are the field tags below in
+// ascending order, each present only when its value is not zero (Op is
+// never zero). Version 1 commands are positional without term (10 fields)
+// and decode with Term 0; results are the same in versions 1 and 2. The
+// decoders accept exactly these forms, so decoding a current-version input
+// then encoding it gives the input back byte for byte, and they check every
+// length against the input that is left before allocating.
 
 const (
 	commandFields   = 11
@@ -29,10 +31,39 @@ const (
 	resultFields    = 4
 )
 
-// EncodeCommands encodes a batch for one Raft entry. It fails if the batch is
-// empty or larger than MaxBatch, a key or owner is longer than its limit, or
-// the encoding exceeds MaxEntrySize: whatever it returns decodes.
+// Field tags of FormatTagged. A tag is never reused for another meaning; a
+// new field takes the next free tag.
+const (
+	tagOp = iota + 1
+	tagSession
+	tagReq
+	tagAck
+	tagKey
+	tagWait
+	tagLimit
+	tagTarget
+	tagOwner
+	tagTTL
+	tagTerm
+	maxTag = tagTerm
+)
+
+// EncodeCommands encodes a batch for one Raft entry in the newest format,
+// Version. It fails if the batch is empty or larger than MaxBatch, a key or
+// owner is longer than its limit, or the encoding exceeds MaxEntrySize:
+// whatever it returns decodes.
 func EncodeCommands(cmds []Command) ([]byte, error) {
+	return EncodeCommandsFormat(Version, cmds)
+}
+
+// EncodeCommandsFormat encodes a batch in the given command format,
+// FormatPositional or FormatTagged: a cluster writes the format its feature
+// level allows, so that every replica can read it. It fails as
+// EncodeCommands does, and for any other format.
+func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
+	if format != FormatPositional && format != FormatTagged {
+		return nil, fmt.Errorf("lockfsm: encode commands: %w: format %d, want %d or %d", ErrVersion, format, FormatPositional, FormatTagged)
+	}
 	if len(cmds) == 0 {
 		return nil, fmt.Errorf("lockfsm: encode commands: empty batch")
 	}
@@ -40,7 +71,7 @@ func EncodeCommands(cmds []Command) ([]byte, error) {
 		return nil, fmt.Errorf("lockfsm: encode commands: %d commands, more than MaxBatch %d", len(cmds), MaxBatch)
 	}
 	var buf bytes.Buffer
-	buf.WriteByte(Version)
+	buf.WriteByte(format)
 	e := msgpack.NewEncoder(&buf)
 	_ = e.EncodeArrayLen(len(cmds)) // writes to a bytes.Buffer cannot fail
 	for i := range cmds {
@@ -51,18 +82,14 @@ func EncodeCommands(cmds []Command) ([]byte, error) {
 		if len(c.Owner) > MaxOwnerLen {
 			return nil, fmt.Errorf("lockfsm: encode commands: command %d: owner is %d bytes, longer than MaxOwnerLen %d", i, len(c.Owner), MaxOwnerLen)
 		}
-		_ = e.EncodeArrayLen(commandFields)
-		_ = e.EncodeUint(uint64(c.Op))
-		_ = e.EncodeUint(c.Session)
-		_ = e.EncodeUint(c.Req)
-		_ = e.EncodeUint(c.Ack)
-		_ = e.EncodeString(c.Key)
-		_ = e.EncodeBool(c.Wait)
-		_ = e.EncodeUint(uint64(c.Limit))
-		_ = e.EncodeUint(c.Target)
-		_ = e.EncodeString(c.Owner)
-		_ = e.EncodeUint(c.TTLMillis)
-		_ = e.EncodeUint(c.Term)
+		if c.Op == 0 || c.Op > maxOp {
+			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: %v", i, ErrUnsupported, c.Op)
+		}
+		if format == FormatTagged {
+			encodeTagged(e, c)
+		} else {
+			encodePositional(e, c)
+		}
 	}
 	if buf.Len() > MaxEntrySize {
 		return nil, fmt.Errorf("lockfsm: encode commands: %d bytes, more than MaxEntrySize %d", buf.Len(), MaxEntrySize)
@@ -70,17 +97,78 @@ func EncodeCommands(cmds []Command) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// DecodeCommands decodes what EncodeCommands produced. It never panics, never
-// allocates more than a small multiple of len(b), and returns an error
-// wrapping ErrCorrupt that says where the input is wrong.
+func encodePositional(e *msgpack.Encoder, c *Command) {
+	_ = e.EncodeArrayLen(commandFields)
+	_ = e.EncodeUint(uint64(c.Op))
+	_ = e.EncodeUint(c.Session)
+	_ = e.EncodeUint(c.Req)
+	_ = e.EncodeUint(c.Ack)
+	_ = e.EncodeString(c.Key)
+	_ = e.EncodeBool(c.Wait)
+	_ = e.EncodeUint(uint64(c.Limit))
+	_ = e.EncodeUint(c.Target)
+	_ = e.EncodeString(c.Owner)
+	_ = e.EncodeUint(c.TTLMillis)
+	_ = e.EncodeUint(c.Term)
+}
+
+// encodeTagged writes c as a map of its non-zero fields in tag order.
+func encodeTagged(e *msgpack.Encoder, c *Command) {
+	n := 0
+	for _, present := range [...]bool{
+		true, c.Session != 0, c.Req != 0, c.Ack != 0, c.Key != "", c.Wait,
+		c.Limit != 0, c.Target != 0, c.Owner != "", c.TTLMillis != 0, c.Term != 0,
+	} {
+		if present {
+			n++
+		}
+	}
+	_ = e.EncodeMapLen(n)
+	num := func(tag int, v uint64) {
+		if v != 0 {
+			_ = e.EncodeUint(uint64(tag))
+			_ = e.EncodeUint(v)
+		}
+	}
+	str := func(tag int, v string) {
+		if v != "" {
+			_ = e.EncodeUint(uint64(tag))
+			_ = e.EncodeString(v)
+		}
+	}
+	num(tagOp, uint64(c.Op))
+	num(tagSession, c.Session)
+	num(tagReq, c.Req)
+	num(tagAck, c.Ack)
+	str(tagKey, c.Key)
+	if c.Wait {
+		_ = e.EncodeUint(tagWait)
+		_ = e.EncodeBool(true)
+	}
+	num(tagLimit, uint64(c.Limit))
+	num(tagTarget, c.Target)
+	str(tagOwner, c.Owner)
+	num(tagTTL, c.TTLMillis)
+	num(tagTerm, c.Term)
+}
+
+// DecodeCommands decodes what EncodeCommands or EncodeCommandsFormat
+// produced, in any format from MinVersion to Version. It never panics,
+// never allocates more than a small multiple of len(b), and returns an
+// error that says where the input is wrong and wraps ErrCorrupt (malformed),
+// ErrVersion (a format this release does not read) or ErrUnsupported (an op
+// or field tag this release does not know).
 func DecodeCommands(b []byte) ([]Command, error) {
-	d, err := newDecoder(b, MaxEntrySize, "commands")
+	d, err := newDecoder(b, MaxEntrySize, "commands", Version)
 	if err != nil {
 		return nil, err
 	}
 	fields := commandFields
-	if d.version == 1 {
+	switch d.version {
+	case 1:
 		fields = commandFieldsV1
+	case FormatTagged:
+		fields = 1 // each tagged command has at least its op: 3 bytes
 	}
 	// Each command takes at least fields+1 bytes.
 	n, err := d.arrayLen("batch", fields+1)
@@ -96,20 +184,13 @@ func DecodeCommands(b []byte) ([]Command, error) {
 	cmds := make([]Command, n)
 	for i := range cmds {
 		c := &cmds[i]
-		_ = d.record("command", fields) // a failure sticks in d.err
-		op := d.uint("op", math.MaxUint8)
-		c.Op = Op(op)
-		c.Session = d.uint("session", math.MaxUint64)
-		c.Req = d.uint("req", math.MaxUint64)
-		c.Ack = d.uint("ack", math.MaxUint64)
-		c.Key = d.str("key", MaxKeyLen)
-		c.Wait = d.bool("wait")
-		c.Limit = uint32(d.uint("limit", math.MaxUint32))
-		c.Target = d.uint("target", math.MaxUint64)
-		c.Owner = d.str("owner", MaxOwnerLen)
-		c.TTLMillis = d.uint("ttlMillis", math.MaxUint64)
-		if fields == commandFields {
-			c.Term = d.uint("term", math.MaxUint64)
+		if d.version == FormatTagged {
+			d.tagged(c)
+		} else {
+			d.positional(c, fields)
+		}
+		if d.err == nil && (c.Op == 0 || c.Op > maxOp) {
+			d.err = fmt.Errorf("lockfsm: decode commands: %w: %v, written by a newer release: upgrade this peer", ErrUnsupported, c.Op)
 		}
 		if d.err != nil {
 			return nil, fmt.Errorf("%w (command %d)", d.err, i)
@@ -121,6 +202,91 @@ func DecodeCommands(b []byte) ([]Command, error) {
 	return cmds, nil
 }
 
+// positional reads a FormatPositional (or version 1) command.
+func (d *decoder) positional(c *Command, fields int) {
+	_ = d.record("command", fields) // a failure sticks in d.err
+	c.Op = Op(d.uint("op", math.MaxUint8))
+	c.Session = d.uint("session", math.MaxUint64)
+	c.Req = d.uint("req", math.MaxUint64)
+	c.Ack = d.uint("ack", math.MaxUint64)
+	c.Key = d.str("key", MaxKeyLen)
+	c.Wait = d.bool("wait")
+	c.Limit = uint32(d.uint("limit", math.MaxUint32))
+	c.Target = d.uint("target", math.MaxUint64)
+	c.Owner = d.str("owner", MaxOwnerLen)
+	c.TTLMillis = d.uint("ttlMillis", math.MaxUint64)
+	if fields == commandFields {
+		c.Term = d.uint("term", math.MaxUint64)
+	}
+}
+
+// tagged reads a FormatTagged command: tags strictly ascending, zero values
+// absent, every tag known.
+func (d *decoder) tagged(c *Command) {
+	n := d.mapLen("command", 2)
+	last := uint64(0)
+	for i := 0; i < n && d.err == nil; i++ {
+		tag := d.uint("tag", math.MaxUint64)
+		if d.err != nil {
+			return
+		}
+		if tag <= last {
+			d.fail("field tag %d after tag %d: tags must ascend", tag, last)
+			return
+		}
+		last = tag
+		switch tag {
+		case tagOp:
+			c.Op = Op(d.nonzero("op", d.uint("op", math.MaxUint8)))
+		case tagSession:
+			c.Session = d.nonzero("session", d.uint("session", math.MaxUint64))
+		case tagReq:
+			c.Req = d.nonzero("req", d.uint("req", math.MaxUint64))
+		case tagAck:
+			c.Ack = d.nonzero("ack", d.uint("ack", math.MaxUint64))
+		case tagKey:
+			c.Key = d.nonempty("key", d.str("key", MaxKeyLen))
+		case tagWait:
+			if c.Wait = d.bool("wait"); !c.Wait {
+				d.fail("wait: false is written by leaving the field out")
+			}
+		case tagLimit:
+			c.Limit = uint32(d.nonzero("limit", d.uint("limit", math.MaxUint32)))
+		case tagTarget:
+			c.Target = d.nonzero("target", d.uint("target", math.MaxUint64))
+		case tagOwner:
+			c.Owner = d.nonempty("owner", d.str("owner", MaxOwnerLen))
+		case tagTTL:
+			c.TTLMillis = d.nonzero("ttlMillis", d.uint("ttlMillis", math.MaxUint64))
+		case tagTerm:
+			c.Term = d.nonzero("term", d.uint("term", math.MaxUint64))
+		default:
+			if d.err == nil {
+				d.err = fmt.Errorf("lockfsm: decode commands: %w: field tag %d at byte %d, written by a newer release: upgrade this peer", ErrUnsupported, tag, d.pos)
+			}
+		}
+	}
+	if d.err == nil && c.Op == 0 {
+		d.fail("command without an op")
+	}
+}
+
+// nonzero records an error for a zero value written explicitly: the
+// canonical form leaves it out.
+func (d *decoder) nonzero(field string, v uint64) uint64 {
+	if v == 0 {
+		d.fail("%s: zero is written by leaving the field out", field)
+	}
+	return v
+}
+
+func (d *decoder) nonempty(field, v string) string {
+	if v == "" {
+		d.fail("%s: empty is written by leaving the field out", field)
+	}
+	return v
+}
+
 // EncodeResults encodes the results of one entry. It fails if there are more
 // than MaxBatch results or an Err is longer than MaxErrLen.
 func EncodeResults(rs []Result) ([]byte, error) {
@@ -128,7 +294,7 @@ func EncodeResults(rs []Result) ([]byte, error) {
 		return nil, fmt.Errorf("lockfsm: encode results: %d results, more than MaxBatch %d", len(rs), MaxBatch)
 	}
 	var buf bytes.Buffer
-	buf.WriteByte(Version)
+	buf.WriteByte(ResultVersion)
 	e := msgpack.NewEncoder(&buf)
 	_ = e.EncodeArrayLen(len(rs))
 	for i := range rs {
@@ -148,7 +314,7 @@ func EncodeResults(rs []Result) ([]byte, error) {
 // DecodeResults decodes what EncodeResults produced, with the same
 // guarantees as DecodeCommands.
 func DecodeResults(b []byte) ([]Result, error) {
-	d, err := newDecoder(b, MaxEntrySize, "results")
+	d, err := newDecoder(b, MaxEntrySize, "results", ResultVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -184,11 +350,13 @@ type decoder struct {
 	b       []byte
 	pos     int
 	what    string
-	version byte // of the input, MinVersion to Version
+	version byte // of the input, MinVersion to the decoder's newest
 	err     error
 }
 
-func newDecoder(b []byte, maxSize int, what string) (*decoder, error) {
+// newDecoder starts decoding b, whose first byte must be a version from
+// MinVersion to newest.
+func newDecoder(b []byte, maxSize int, what string, newest byte) (*decoder, error) {
 	d := &decoder{b: b, what: what}
 	if len(b) > maxSize {
 		return nil, d.errorf("input is %d bytes, more than the limit of %d", len(b), maxSize)
@@ -196,8 +364,8 @@ func newDecoder(b []byte, maxSize int, what string) (*decoder, error) {
 	if len(b) == 0 {
 		return nil, d.errorf("empty input")
 	}
-	if b[0] < MinVersion || b[0] > Version {
-		return nil, fmt.Errorf("lockfsm: decode %s: %w: got version %d, want %d to %d", what, ErrVersion, b[0], MinVersion, Version)
+	if b[0] < MinVersion || b[0] > newest {
+		return nil, fmt.Errorf("lockfsm: decode %s: %w: got version %d, this release reads %d to %d (written by a newer release? upgrade this peer)", what, ErrVersion, b[0], MinVersion, newest)
 	}
 	d.version, d.pos = b[0], 1
 	return d, nil
@@ -389,6 +557,38 @@ func (d *decoder) arrayLen(field string, minElem int) (int, error) {
 		return 0, d.err
 	}
 	return n, nil
+}
+
+// mapLen reads a canonical map header and checks that n entries of at
+// least minEntry bytes each fit in the remaining input.
+func (d *decoder) mapLen(field string, minEntry int) int {
+	c, ok := d.byte1(field)
+	if !ok {
+		return 0
+	}
+	var n, min int
+	switch {
+	case c >= 0x80 && c <= 0x8f:
+		n = int(c & 0x0f)
+	case c == 0xde:
+		p := d.take(field, 2)
+		if p == nil {
+			return 0
+		}
+		n, min = int(binary.BigEndian.Uint16(p)), 16
+	default:
+		d.fail("%s: want a map, got msgpack code 0x%02x", field, c)
+		return 0
+	}
+	if n < min {
+		d.fail("%s: map length %d not in its shortest encoding", field, n)
+		return 0
+	}
+	if n > d.remaining()/minEntry {
+		d.fail("%s: map of %d entries cannot fit in the %d bytes left", field, n, d.remaining())
+		return 0
+	}
+	return n
 }
 
 // record reads the header of a positional record of exactly fields fields.

@@ -19,28 +19,103 @@ var sampleCommands = []Command{
 	{Op: OpCancel, Session: 1, Req: 70000, Target: 65536},
 	{Op: OpExpireSession, Session: 300},
 	{Op: OpCloseSession, Session: 1, Owner: strings.Repeat("o", MaxOwnerLen)},
-	{Op: 99},
+	{Op: OpLeaderTerm, Term: 1 << 40},
+	{Op: OpExpireSession, Session: 9, Term: 3, Ack: 1},
 }
 
 func TestCommandsRoundTrip(t *testing.T) {
-	b, err := EncodeCommands(sampleCommands)
-	if err != nil {
-		t.Fatal(err)
+	for _, format := range []byte{FormatPositional, FormatTagged} {
+		b, err := EncodeCommandsFormat(format, sampleCommands)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b[0] != format {
+			t.Fatalf("format %d: first byte %d", format, b[0])
+		}
+		got, err := DecodeCommands(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, sampleCommands) {
+			t.Fatalf("format %d: round trip:\n%+v\n%+v", format, got, sampleCommands)
+		}
+		// Standard msgpack: the library reads what we write.
+		var v []any
+		if format == FormatTagged {
+			var m []map[uint8]any
+			err = msgpack.Unmarshal(b[1:], &m)
+			v = make([]any, len(m))
+		} else {
+			err = msgpack.Unmarshal(b[1:], &v)
+		}
+		if err != nil || len(v) != len(sampleCommands) {
+			t.Fatalf("format %d: msgpack.Unmarshal: %v, %d records", format, err, len(v))
+		}
 	}
-	if b[0] != Version {
-		t.Fatalf("first byte %d", b[0])
+	if b, _ := EncodeCommands(sampleCommands); b[0] != Version {
+		t.Fatalf("EncodeCommands wrote format %d, want %d", b[0], Version)
 	}
-	got, err := DecodeCommands(b)
-	if err != nil {
-		t.Fatal(err)
+	if _, err := EncodeCommandsFormat(1, sampleCommands); !errors.Is(err, ErrVersion) {
+		t.Fatalf("format 1: %v, want ErrVersion", err)
 	}
-	if !slices.Equal(got, sampleCommands) {
-		t.Fatalf("round trip:\n%+v\n%+v", got, sampleCommands)
+}
+
+// The tagged format leaves zero fields out, so a new field costs old
+// commands nothing and a command is smaller than its positional record.
+func TestTaggedIsCompact(t *testing.T) {
+	cmd := []Command{{Op: OpAcquire, Session: 1, Req: 7, Key: "k"}}
+	pos, _ := EncodeCommandsFormat(FormatPositional, cmd)
+	tagged, _ := EncodeCommandsFormat(FormatTagged, cmd)
+	want := []byte{FormatTagged, 0x91, 0x84, tagOp, byte(OpAcquire), tagSession, 1, tagReq, 7, tagKey, 0xa1, 'k'}
+	if !bytes.Equal(tagged, want) {
+		t.Fatalf("tagged encoding\n got % x\nwant % x", tagged, want)
 	}
-	// Standard msgpack: the library reads what we write.
-	var v []any
-	if err := msgpack.Unmarshal(b[1:], &v); err != nil || len(v) != len(sampleCommands) {
-		t.Fatalf("msgpack.Unmarshal: %v, %d records", err, len(v))
+	if len(tagged) >= len(pos) {
+		t.Fatalf("tagged %d bytes, positional %d", len(tagged), len(pos))
+	}
+}
+
+// A command with an op or a field this release does not know fails with
+// ErrUnsupported, whatever the format: the replica must stop, not skip it.
+func TestDecodeRefusesWhatItDoesNotKnow(t *testing.T) {
+	if _, err := EncodeCommands([]Command{{Op: maxOp + 1}}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("encoding an unknown op: %v", err)
+	}
+	cases := map[string][]byte{
+		"tagged unknown op":     {FormatTagged, 0x91, 0x81, tagOp, byte(maxOp + 1)},
+		"tagged unknown field":  {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), maxTag + 1, 0x01},
+		"tagged far field":      {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), 0xcc, 0xc8, 0xc3},
+		"positional unknown op": {FormatPositional, 0x91, 0x9b, 0x63, 0, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0, 0},
+		"v1 unknown op":         {1, 0x91, 0x9a, 0x63, 0, 0, 0, 0xa0, 0xc2, 0, 0, 0xa0, 0},
+	}
+	for name, b := range cases {
+		if _, err := DecodeCommands(b); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%s: %v, want ErrUnsupported", name, err)
+		} else if !strings.Contains(err.Error(), "upgrade this peer") {
+			t.Errorf("%s: error %q does not say what to do", name, err)
+		}
+	}
+}
+
+func TestDecodeTaggedErrors(t *testing.T) {
+	cases := map[string][]byte{
+		"no op":            {FormatTagged, 0x91, 0x81, tagSession, 0x01},
+		"empty map":        {FormatTagged, 0x91, 0x80},
+		"tags descend":     {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagOp, byte(OpAcquire)},
+		"tag repeats":      {FormatTagged, 0x91, 0x83, tagOp, byte(OpAcquire), tagReq, 1, tagReq, 2},
+		"explicit zero":    {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagReq, 0},
+		"explicit empty":   {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagKey, 0xa0},
+		"explicit false":   {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagWait, 0xc2},
+		"wrong type":       {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagKey, 0x01},
+		"record not map":   {FormatTagged, 0x91, 0x91, 0x01},
+		"map too long":     {FormatTagged, 0x91, 0x8f, tagOp, byte(OpAcquire)},
+		"non-minimal map":  {FormatTagged, 0x91, 0xde, 0x00, 0x01, tagOp, byte(OpAcquire)},
+		"limit over 32bit": {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagLimit, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0},
+	}
+	for name, b := range cases {
+		if _, err := DecodeCommands(b); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+		}
 	}
 }
 
@@ -77,19 +152,22 @@ func TestEncodeRejectsWhatCannotDecode(t *testing.T) {
 	}
 	// The largest legal batch fits in MaxEntrySize, so EncodeCommands never
 	// fails on size alone.
-	big := slices.Repeat([]Command{{Op: 255, Session: math.MaxUint64, Req: math.MaxUint64, Ack: math.MaxUint64, Key: strings.Repeat("k", MaxKeyLen), Wait: true,
-		Limit: math.MaxUint32, Target: math.MaxUint64, Owner: strings.Repeat("o", MaxOwnerLen), TTLMillis: math.MaxUint64}}, MaxBatch)
-	if _, err := EncodeCommands(big); err != nil {
-		t.Errorf("a batch of MaxBatch max-size keys: %v", err)
+	big := slices.Repeat([]Command{{Op: OpAcquire, Session: math.MaxUint64, Req: math.MaxUint64, Ack: math.MaxUint64, Key: strings.Repeat("k", MaxKeyLen), Wait: true,
+		Limit: math.MaxUint32, Target: math.MaxUint64, Owner: strings.Repeat("o", MaxOwnerLen), TTLMillis: math.MaxUint64, Term: math.MaxUint64}}, MaxBatch)
+	for _, format := range []byte{FormatPositional, FormatTagged} {
+		if _, err := EncodeCommandsFormat(format, big); err != nil {
+			t.Errorf("format %d: a batch of MaxBatch max-size keys: %v", format, err)
+		}
 	}
 }
 
 func TestDecodeCommandsErrors(t *testing.T) {
-	good, _ := EncodeCommands(sampleCommands[:2])
+	good, _ := EncodeCommandsFormat(FormatPositional, sampleCommands[:2])
+	const Version = FormatPositional // the records below are positional
 	cases := map[string][]byte{
 		"empty":          {},
 		"version only":   {Version},
-		"wrong version":  append([]byte{Version + 1}, good[1:]...),
+		"wrong version":  append([]byte{FormatTagged + 1}, good[1:]...),
 		"trailing byte":  append(slices.Clone(good), 0),
 		"empty batch":    {Version, 0x90},
 		"not an array":   {Version, 0xa1, 'x'},
@@ -116,7 +194,7 @@ func TestDecodeCommandsErrors(t *testing.T) {
 			t.Errorf("%s: undescriptive error %q", name, err)
 		}
 	}
-	if _, err := DecodeCommands(append([]byte{Version + 1}, good[1:]...)); !errors.Is(err, ErrVersion) {
+	if _, err := DecodeCommands(append([]byte{FormatTagged + 1}, good[1:]...)); !errors.Is(err, ErrVersion) {
 		t.Errorf("wrong version: %v", err)
 	}
 }

@@ -76,8 +76,15 @@
 // # Encoding
 //
 // Command batches, results and snapshots are canonical msgpack behind a
-// Version byte; decoders read MinVersion to Version, so logs and snapshots
-// written by an earlier release replay after an upgrade. Decoders take untrusted input: they never panic, bound every
+// version byte; decoders read every version from MinVersion on, so logs and
+// snapshots written by an earlier release replay after an upgrade. Commands
+// have two formats: FormatPositional (a cluster at feature level 1 writes
+// it) and FormatTagged, where a command is a map of field tags, so a new
+// field or op is a new tag, not a new layout. A decoder that meets a
+// version, op or field tag it does not know fails (ErrVersion,
+// ErrUnsupported): the caller must stop applying the log there, never skip
+// the entry, since replicas that understand it would apply it and diverge.
+// Decoders take untrusted input: they never panic, bound every
 // size (MaxEntrySize, MaxBatch, MaxKeyLen, MaxOwnerLen, MaxErrLen,
 // MaxSnapshotSize) and check container lengths against the input left before
 // allocating. Snapshots are sorted, so equal states give equal bytes and

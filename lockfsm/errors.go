@@ -8,5 +8,11 @@ import "errors"
 var ErrCorrupt = errors.New("corrupt input")
 
 // ErrVersion is wrapped by decoding errors for input whose leading version
-// byte is not Version, such as data written by a newer release.
+// byte is not one this release reads, such as data written by a newer one.
 var ErrVersion = errors.New("unsupported format version")
+
+// ErrUnsupported is wrapped by decoding errors for a command that uses an
+// op or a field this release does not know: it was written by a newer
+// release. A replica must stop applying rather than skip such an entry,
+// since replicas that understand it would apply it and diverge.
+var ErrUnsupported = errors.New("unsupported command")

@@ -41,7 +41,7 @@ func ExampleEncodeCommands() {
 	_, err = lockfsm.DecodeCommands(b[:5])
 	fmt.Println(err != nil)
 	// Output:
-	// 15 Acquire k <nil>
+	// 12 Acquire k <nil>
 	// true
 }
 

@@ -5,17 +5,38 @@ import (
 	"slices"
 )
 
-// Version is the first byte of every encoded command batch, result batch and
-// snapshot written now. Decoders accept MinVersion to Version and reject any
-// other value, so a replica never guesses at a format it does not know.
-//
-// Version 2 added Command.Term and the shard's leader term to snapshots
-// (OpLeaderTerm); version 1 encodings decode with both zero.
-const Version = 2
+// Formats. The first byte of every encoded command batch (one Raft entry),
+// result batch and snapshot is its format version. Decoders accept the
+// versions they know and reject any other with ErrVersion, and a batch that
+// uses an op or a field they do not know with ErrUnsupported, so a replica
+// never guesses at, or skips, what a newer release wrote.
+const (
+	// FormatPositional is the command format in which every command is a
+	// positional record of all its fields (version 2; version 1 lacked
+	// Term). Adding a field to it means a new layout, so it is frozen: it is
+	// what a cluster at feature level 1 writes.
+	FormatPositional = 2
+	// FormatTagged is the command format in which every command is a map
+	// from field tag to value, with zero values left out. A new field or op
+	// is a new tag or op number, not a new layout; a decoder that meets one
+	// it does not know fails with ErrUnsupported. A cluster writes it from
+	// feature level 2 on.
+	FormatTagged = 3
 
-// MinVersion is the oldest encoding the decoders still read: logs and
-// snapshots written by earlier releases stay readable after an upgrade.
-const MinVersion = 1
+	// Version is the newest command format EncodeCommands writes.
+	Version = FormatTagged
+	// MinVersion is the oldest format the decoders still read: logs and
+	// snapshots written by earlier releases stay readable after an upgrade.
+	MinVersion = 1
+
+	// SnapshotVersion is the format of snapshots Save writes; Load reads
+	// MinVersion to SnapshotVersion. Version 2 added the leader term.
+	SnapshotVersion = 2
+	// ResultVersion is the format of result batches EncodeResults writes;
+	// DecodeResults reads MinVersion to ResultVersion. Results travel back
+	// to the proposer, which may run an older release than the replica.
+	ResultVersion = 2
+)
 
 // Limits enforced by Apply, ValidateKey and the decoders.
 const (
@@ -70,6 +91,10 @@ const (
 	// ExpireSession decided in that term applies. A leader commits it
 	// before it acknowledges any keepalive or expires any session.
 	OpLeaderTerm
+
+	// maxOp is the highest op this release knows; decoders refuse higher
+	// ones with ErrUnsupported.
+	maxOp = OpLeaderTerm
 )
 
 // String returns the op's name, or "Op(n)" for an unknown op.

@@ -11,7 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Snapshot format (Version 2): the Version byte, then one canonical msgpack
+// Snapshot format (SnapshotVersion 2): the version byte, then one canonical msgpack
 // array (see the wire format in codec.go):
 //
 //	[index, lastToken, term, sessions, keys]
@@ -43,7 +43,7 @@ const (
 // only on the state, never on map order or history.
 func (s *State) Save(w io.Writer) error {
 	bw := bufio.NewWriter(w)
-	if err := bw.WriteByte(Version); err != nil {
+	if err := bw.WriteByte(SnapshotVersion); err != nil {
 		return fmt.Errorf("lockfsm: save snapshot: %w", err)
 	}
 	e := stickyEncoder{e: msgpack.NewEncoder(bw)}
@@ -160,7 +160,7 @@ func (s *State) Load(r io.Reader) error {
 }
 
 func decodeSnapshot(b []byte) (*State, error) {
-	d, err := newDecoder(b, MaxSnapshotSize, "snapshot")
+	d, err := newDecoder(b, MaxSnapshotSize, "snapshot", SnapshotVersion)
 	if err != nil {
 		return nil, err
 	}
