@@ -149,11 +149,11 @@ func TestLoadRejectsCorruptSnapshots(t *testing.T) {
 // before anything of that size is allocated.
 func TestDecodersBoundAllocation(t *testing.T) {
 	huge := [][]byte{
-		{Version, 0xdd, 0xff, 0xff, 0xff, 0xff},                                     // array32 of 4G commands
-		{Version, 0xdc, 0x10, 0x00, 0x9a},                                           // 4096 commands, one byte of body
+		{Version, 0xdd, 0xff, 0xff, 0xff, 0xff},                                              // array32 of 4G commands
+		{Version, 0xdc, 0x10, 0x00, 0x9a},                                                    // 4096 commands, one byte of body
 		{FormatPositional, 0x91, 0x9b, 0x01, 0x01, 0x01, 0x01, 0xdb, 0xff, 0xff, 0xff, 0xff}, // 4 GB key
-		{FormatTagged, 0x91, 0x82, tagOp, 0x02, tagKey, 0xdb, 0xff, 0xff, 0xff, 0xff},       // 4 GB key, tagged
-		{FormatTagged, 0xdc, 0x10, 0x00, 0x81},                                              // 4096 tagged commands, one byte of body
+		{FormatTagged, 0x91, 0x82, tagOp, 0x02, tagKey, 0xdb, 0xff, 0xff, 0xff, 0xff},        // 4 GB key, tagged
+		{FormatTagged, 0xdc, 0x10, 0x00, 0x81},                                               // 4096 tagged commands, one byte of body
 	}
 	snaps := [][]byte{
 		{SnapshotVersion, 0x95, 0x01, 0x01, 0x01, 0xdd, 0xff, 0xff, 0xff, 0xff},                                     // 4G sessions
