@@ -20,6 +20,13 @@ var (
 	// trailing bytes).
 	ErrBadMeta = errors.New("mesh: malformed metadata")
 
+	// ErrIncompatible is wrapped by the error that refuses a peer whose
+	// protocol versions ([Meta.MinVersion] to [Meta.Version]) have none in
+	// common with this peer's, or do not include the cluster's level (see
+	// [Mesh.SetLevel]). The message names the peer and both ranges;
+	// upgrade the older peer.
+	ErrIncompatible = errors.New("mesh: incompatible protocol version")
+
 	// ErrUnknownTarget is returned by [Registry.Resolve] when the replica is
 	// not registered, or when no live member gossips the replica's
 	// NodeHostID. dragonboat drops the message and retries later.

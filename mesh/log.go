@@ -30,6 +30,11 @@ func (w slogWriter) Write(p []byte) (int, error) {
 				"component", "memberlist", "from", from, "detail", msg)
 			continue
 		}
+		if strings.Contains(msg, ErrIncompatible.Error()) {
+			// Mesh.admit already warned, rate-limited; memberlist repeats
+			// it for every alive message the refused peer sends.
+			level = slog.LevelDebug
+		}
 		if w.log.Enabled(context.Background(), level) {
 			w.log.Log(context.Background(), level, msg, "component", "memberlist")
 		}

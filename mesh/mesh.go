@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
 	"github.com/lni/dragonboat/v4/config"
+	"github.com/lockmesh/lockmesh/internal/throttle"
 )
 
 // Join retry backoff bounds.
@@ -70,6 +72,12 @@ type Mesh struct {
 	// as having another SecretKey.
 	joinErr   atomic.Pointer[error]
 	keyWarned sync.Map
+
+	// level is the cluster's feature level once known (SetLevel), 0
+	// before. refusals rate-limits the warning for refused peers, which
+	// memberlist reports on every alive message they send.
+	level    atomic.Uint32
+	refusals throttle.Warner
 }
 
 // Create validates cfg and starts the local peer: it binds the gossip
@@ -106,6 +114,7 @@ func Create(cfg Config) (*Mesh, error) {
 		byHostID:  make(map[string]string),
 		leaving:   make(map[string]struct{}),
 	}
+	m.refusals.Every = 10 * time.Second
 	if cfg.OnEvent != nil {
 		m.events = newEventQueue(cfg.OnEvent, logger)
 	}
@@ -137,6 +146,8 @@ func Create(cfg Config) (*Mesh, error) {
 	}
 	mc.Delegate = delegate{m}
 	mc.Events = eventDelegate{m}
+	mc.Alive = admitDelegate{m}
+	mc.Merge = admitDelegate{m}
 	mc.LogOutput = nil
 	mc.Logger = log.New(slogWriter{logger}, "", 0)
 
@@ -608,7 +619,65 @@ func (e eventDelegate) NotifyJoin(n *memberlist.Node)   { e.m.observe(n, false) 
 func (e eventDelegate) NotifyLeave(n *memberlist.Node)  { e.m.observe(n, true) }
 func (e eventDelegate) NotifyUpdate(n *memberlist.Node) { e.m.observe(n, false) }
 
+// SetLevel tells the mesh the cluster's feature level once it is known (a
+// node learns it from the cluster layout). From then on a peer is admitted
+// only if it speaks that level; before, only if its versions overlap this
+// peer's. Members already admitted stay.
+func (m *Mesh) SetLevel(level uint8) { m.level.Store(uint32(level)) }
+
+// admit decides whether the member name with metadata raw may join the
+// view: its protocol versions must include the cluster's level, or, before
+// the level is known, overlap this peer's own.
+func (m *Mesh) admit(name string, raw []byte) error {
+	if name == m.cfg.Name {
+		return nil
+	}
+	meta, err := DecodeMeta(raw)
+	if err != nil {
+		return nil // observe ignores it, with its own warning
+	}
+	lo, hi := meta.versions()
+	var reason string
+	if level := uint8(m.level.Load()); level != 0 {
+		if level < lo || level > hi {
+			reason = fmt.Sprintf("peer %s speaks protocol versions %d to %d, but the cluster runs at level %d: upgrade it (see docs/UPGRADING.md)", name, lo, hi, level)
+		}
+	} else {
+		m.metaMu.Lock()
+		ownLo, ownHi := m.meta.versions()
+		m.metaMu.Unlock()
+		if hi < ownLo || lo > ownHi {
+			reason = fmt.Sprintf("peer %s speaks protocol versions %d to %d, this peer %d to %d: none in common; upgrade the older one (see docs/UPGRADING.md)", name, lo, hi, ownLo, ownHi)
+		}
+	}
+	if reason == "" {
+		return nil
+	}
+	m.refusals.Warn(m.log, "mesh: refusing peer: "+reason, "member", name)
+	return fmt.Errorf("%w: %s", ErrIncompatible, reason)
+}
+
+// admitDelegate refuses peers that cannot work with this one: memberlist
+// drops alive messages (gossip) and fails joins (push-pull) it refuses.
+type admitDelegate struct{ m *Mesh }
+
+// NotifyAlive runs on memberlist's packet and push-pull handlers.
+func (a admitDelegate) NotifyAlive(n *memberlist.Node) error { return a.m.admit(n.Name, n.Meta) }
+
+// NotifyMerge runs when this peer joins others or others join it; one
+// refused peer fails the whole join, with the reason in Join's error.
+func (a admitDelegate) NotifyMerge(peers []*memberlist.Node) error {
+	for _, n := range peers {
+		if err := a.m.admit(n.Name, n.Meta); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 var (
 	_ memberlist.Delegate      = delegate{}
 	_ memberlist.EventDelegate = eventDelegate{}
+	_ memberlist.AliveDelegate = admitDelegate{}
+	_ memberlist.MergeDelegate = admitDelegate{}
 )

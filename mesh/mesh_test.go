@@ -455,3 +455,59 @@ func TestCustomTransport(t *testing.T) {
 		t.Fatal("a failed Create left its transport running")
 	}
 }
+
+// startMeshVersions starts a loopback peer that speaks protocol versions
+// lo to hi.
+func startMeshVersions(t *testing.T, name string, lo, hi uint8) *Mesh {
+	t.Helper()
+	meta := testMeta(name)
+	meta.MinVersion, meta.Version = lo, hi
+	m, err := Create(Config{Name: name, BindAddr: "127.0.0.1:0", Meta: meta, Local: true})
+	if err != nil {
+		t.Fatalf("Create(%s): %v", name, err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// A peer is admitted only if it speaks a protocol version in common with
+// this one, and once the cluster's level is known, only if it speaks that
+// level; the refused peer's Join says why.
+func TestIncompatibleVersionsRefused(t *testing.T) {
+	t.Parallel()
+	a := startMeshVersions(t, "a", 1, 2)
+	older := startMeshVersions(t, "older", 1, 1)
+	joinCtx(t, older, a.Addr())
+	waitFor(t, 20*time.Second, "a admits a peer that speaks version 1", func() bool { return len(a.Members()) == 2 })
+
+	refused := func(m *Mesh, want string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		n, err := m.Join(ctx, []string{a.Addr()})
+		if err == nil || n != 0 {
+			t.Fatalf("%s joined: n=%d err=%v", m.LocalName(), n, err)
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: Join error %q does not say %q", m.LocalName(), err, want)
+		}
+	}
+	newer := startMeshVersions(t, "newer", 3, 4)
+	refused(newer, "this peer 3 to 4: none in common")
+
+	a.SetLevel(2)
+	older.SetLevel(2) // what its node would learn from the layout
+	// A peer that does not know the level yet (or predates levels) may
+	// believe it joined: memberlist hands it a's state before a refuses
+	// it. a still never admits it, so none of a's traffic goes to it.
+	stale := startMeshVersions(t, "stale", 1, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	_, _ = stale.Join(ctx, []string{a.Addr()})
+	cancel()
+
+	// Nobody refused got into a's view, by join or by gossip.
+	time.Sleep(500 * time.Millisecond)
+	if got := names(a.Members()); !slices.Equal(got, []string{"a", "older"}) {
+		t.Fatalf("a's members = %v, want [a older]", got)
+	}
+}

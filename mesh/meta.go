@@ -42,7 +42,8 @@ type Meta struct {
 	RaftAddr string
 	// RPCAddr is the host:port of the peer's lockmesh transport.
 	RPCAddr string
-	// Version is the lockmesh protocol version the peer speaks.
+	// Version is the newest lockmesh protocol version (cluster feature
+	// level) the peer speaks.
 	Version uint8
 	// NoReplicas marks a peer that never hosts replicas (a client-only
 	// peer): it forwards its requests to peers that do. Optional sixth
@@ -56,6 +57,20 @@ type Meta struct {
 	// Cluster is 0 until the peer belongs to a bootstrapped cluster, then
 	// that cluster's id.
 	Cluster uint64
+	// MinVersion is the oldest protocol version the peer still speaks: it
+	// speaks every version from MinVersion to Version. Optional eighth
+	// field; a peer that predates it speaks only its Version, and its Meta
+	// decodes with MinVersion equal to Version.
+	MinVersion uint8
+}
+
+// versions returns the range of protocol versions m speaks.
+func (m Meta) versions() (lo, hi uint8) {
+	lo = m.MinVersion
+	if lo == 0 || lo > m.Version {
+		lo = m.Version
+	}
+	return lo, m.Version
 }
 
 // EncodeMeta encodes m for gossip. It fails with [ErrMetaTooLarge] when a
@@ -76,7 +91,7 @@ func EncodeMeta(m Meta) ([]byte, error) {
 	buf.WriteByte(metaFormatV1)
 	enc := msgpack.NewEncoder(&buf)
 	// Writes to a bytes.Buffer cannot fail, so the errors are dropped.
-	_ = enc.EncodeArrayLen(metaFields + 2)
+	_ = enc.EncodeArrayLen(metaFields + 3)
 	_ = enc.EncodeString(m.NodeHostID)
 	_ = enc.EncodeString(m.RaftAddr)
 	_ = enc.EncodeString(m.RPCAddr)
@@ -84,6 +99,7 @@ func EncodeMeta(m Meta) ([]byte, error) {
 	_ = enc.EncodeUint(m.Cluster)
 	_ = enc.EncodeBool(m.NoReplicas)
 	_ = enc.EncodeBool(m.JoinOnly)
+	_ = enc.EncodeUint(uint64(m.MinVersion))
 	if buf.Len() > MaxMetaSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMetaTooLarge, buf.Len(), MaxMetaSize)
 	}
@@ -144,6 +160,15 @@ func DecodeMeta(b []byte) (Meta, error) {
 		if m.JoinOnly, err = dec.DecodeBool(); err != nil {
 			return Meta{}, fmt.Errorf("%w: JoinOnly: %v", ErrBadMeta, err)
 		}
+		known++
+	}
+	m.MinVersion = m.Version
+	if n > metaFields+2 {
+		v, err := decodeMetaUint(dec)
+		if err != nil || v > 0xff {
+			return Meta{}, fmt.Errorf("%w: MinVersion: %v (value %d)", ErrBadMeta, err, v)
+		}
+		m.MinVersion = uint8(v)
 		known++
 	}
 	for i := known; i < n; i++ {

@@ -71,12 +71,12 @@ func rawMeta(t testing.TB, fields ...any) []byte {
 }
 
 func TestDecodeMetaForwardCompatible(t *testing.T) {
-	b := rawMeta(t, "id", "r:1", "p:2", 3, 7, true, true, "a field from the future", []int{1, 2})
+	b := rawMeta(t, "id", "r:1", "p:2", 3, 7, true, true, 2, "a field from the future", []int{1, 2})
 	got, err := DecodeMeta(b)
 	if err != nil {
 		t.Fatalf("DecodeMeta with appended fields: %v", err)
 	}
-	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, Cluster: 7, NoReplicas: true, JoinOnly: true}); got != want {
+	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, MinVersion: 2, Cluster: 7, NoReplicas: true, JoinOnly: true}); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
@@ -87,7 +87,7 @@ func TestDecodeMetaSixFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, Cluster: 7, NoReplicas: true}); got != want {
+	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, MinVersion: 3, Cluster: 7, NoReplicas: true}); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
@@ -98,7 +98,7 @@ func TestDecodeMetaFiveFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, Cluster: 7}); got != want {
+	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, MinVersion: 3, Cluster: 7}); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
