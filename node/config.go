@@ -162,6 +162,10 @@ type Config struct {
 	// order, tokens ascending). It must not block. Tests check every
 	// replica's apply stream with it.
 	onApply func(shard, index uint64, grants []lockfsm.Grant)
+	// holdLevel, when set, makes this peer play a release whose newest
+	// feature level is holdLevel: it gossips that as its newest version and
+	// its replicas halt on entries of newer formats (mixed-version tests).
+	holdLevel uint8
 	// dropCancels, when set and returning true, makes the withdrawal of an
 	// abandoned lock attempt fail without being proposed, as one that
 	// cannot commit in time does.

@@ -1,6 +1,9 @@
 package node
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors returned by the node API. Check them with errors.Is; the
 // returned errors wrap them with the key, shard or peer involved.
@@ -25,7 +28,33 @@ var (
 	// ErrUnavailable means the shard owning a key could not be reached before
 	// the context ended: not enough peers are up or the network is cut.
 	ErrUnavailable = errors.New("lockmesh: shard unavailable")
+	// ErrReplicaHalted means a replica of the shard met a log entry it
+	// cannot decode or does not understand (written by a newer release)
+	// and stopped applying, rather than skip it and diverge. Calls retry on
+	// other replicas; upgrade the peer, and its replica replays the entry.
+	ErrReplicaHalted = errors.New("lockmesh: replica halted")
+	// ErrIncompatible means this peer and the cluster (or another peer) have
+	// no protocol version or feature level in common; the message names
+	// both and which one to upgrade.
+	ErrIncompatible = errors.New("lockmesh: incompatible version")
 	// ErrStaleToken is returned by Fence.Check for a token lower than one
 	// already seen for the same key.
 	ErrStaleToken = errors.New("lockmesh: stale fencing token")
 )
+
+// HaltError says where and why a replica stopped applying its shard's log.
+// It wraps ErrReplicaHalted and the decoding error.
+type HaltError struct {
+	Shard   uint64 // the shard (1 is the meta shard)
+	Index   uint64 // the log index of the entry it could not apply
+	Version byte   // the entry's format version byte
+	Err     error  // why it could not be decoded
+}
+
+func (e *HaltError) Error() string {
+	return fmt.Sprintf("lockmesh: replica halted: shard %d stopped applying at log index %d (entry format version %d): %v; "+
+		"upgrade this peer: its replica replays the entry from its log once it can read it", e.Shard, e.Index, e.Version, e.Err)
+}
+
+// Unwrap returns ErrReplicaHalted and the decoding error.
+func (e *HaltError) Unwrap() []error { return []error{ErrReplicaHalted, e.Err} }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
@@ -23,16 +24,24 @@ type lockSM struct {
 	// skipTermCheck is Config.unsafeSkipExpiryTerm: every ExpireSession
 	// is stamped with the recorded term, so none is ever refused.
 	skipTermCheck bool
+	// maxFormat is the newest command format this replica reads:
+	// lockfsm.Version, or older for a peer held at an older feature level.
+	maxFormat byte
+	halt      halter
 }
 
-// resultCorrupt marks an entry whose bytes did not decode. It is applied as
-// a no-op on every replica alike, so the state stays deterministic.
-const resultCorrupt = 0
+// resultHalted is the Value of an entry a replica did not apply because
+// it halted at that entry or an earlier one; Data is the halt error.
+const resultHalted = 0
 
 func (s *lockSM) Update(e sm.Entry) (sm.Result, error) {
-	cmds, err := lockfsm.DecodeCommands(e.Cmd)
+	if err := s.halt.err; err != nil {
+		return sm.Result{Value: resultHalted, Data: []byte(err.Error())}, nil
+	}
+	cmds, err := s.decode(e.Cmd)
 	if err != nil {
-		return sm.Result{Value: resultCorrupt, Data: []byte(err.Error())}, nil
+		err = s.halt.stop(s.shard, e, err)
+		return sm.Result{Value: resultHalted, Data: []byte(err.Error())}, nil
 	}
 	if s.skipTermCheck {
 		for i := range cmds {
@@ -53,6 +62,45 @@ func (s *lockSM) Update(e sm.Entry) (sm.Result, error) {
 		s.onGrant(s.shard, grants)
 	}
 	return sm.Result{Value: uint64(len(results)), Data: data}, nil
+}
+
+func (s *lockSM) decode(cmd []byte) ([]lockfsm.Command, error) {
+	if len(cmd) > 0 && cmd[0] > s.maxFormat {
+		return nil, fmt.Errorf("%w: command format %d is newer than %d, the newest this peer is held to", lockfsm.ErrVersion, cmd[0], s.maxFormat)
+	}
+	return lockfsm.DecodeCommands(cmd)
+}
+
+// halter makes a replica fail-stop at the first entry it cannot decode or
+// does not understand. Skipping the entry would diverge from replicas that
+// apply it; so the state machine applies nothing from there on, answers
+// no reads, saves no snapshot (so the entry stays in the log), and onStop
+// stops the replica. A peer that can read the entry (an upgraded one)
+// replays it from the log when it restarts. dragonboat serialises Update,
+// Lookup and SaveSnapshot with the state machine's lock, so err needs no
+// lock of its own.
+type halter struct {
+	err    *HaltError
+	onStop func(*HaltError) // called once, on the apply goroutine: must not block
+}
+
+func (h *halter) stop(shard uint64, e sm.Entry, cause error) *HaltError {
+	h.err = &HaltError{Shard: shard, Index: e.Index, Err: cause}
+	if len(e.Cmd) > 0 {
+		h.err.Version = e.Cmd[0]
+	}
+	if h.onStop != nil {
+		h.onStop(h.err)
+	}
+	return h.err
+}
+
+// check returns the halt error, wrapped as a failed read or snapshot.
+func (h *halter) check() error {
+	if h.err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", sm.ErrSnapshotAborted, h.err)
 }
 
 // lockQuery is what Lookup answers; exactly one kind is set.
@@ -81,6 +129,9 @@ type lockAnswer struct {
 }
 
 func (s *lockSM) Lookup(q any) (any, error) {
+	if err := s.halt.err; err != nil {
+		return nil, err
+	}
 	lq, ok := q.(lockQuery)
 	if !ok {
 		return nil, fmt.Errorf("shard %d: unknown query %T", s.shard, q)
@@ -100,6 +151,9 @@ func (s *lockSM) Lookup(q any) (any, error) {
 }
 
 func (s *lockSM) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan struct{}) error {
+	if err := s.halt.check(); err != nil {
+		return err
+	}
 	return s.state.Save(w)
 }
 
@@ -114,12 +168,22 @@ func (s *lockSM) Close() error { return nil }
 type metaSM struct {
 	epoch     uint64
 	placement []byte
+	halt      halter
 }
 
+// metaHalted is the Value of a meta entry a halted replica did not apply.
+const metaHalted = math.MaxUint64
+
 func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
+	if err := m.halt.err; err != nil {
+		return sm.Result{Value: metaHalted, Data: []byte(err.Error())}, nil
+	}
 	p, err := decodePlacement(e.Cmd)
 	if err != nil {
-		return sm.Result{Value: 0, Data: []byte(err.Error())}, nil
+		// Proposers validate what they write, so a layout that does not
+		// decode here was written by a release this one does not know.
+		err = m.halt.stop(metaShardID, e, err)
+		return sm.Result{Value: metaHalted, Data: []byte(err.Error())}, nil
 	}
 	// Compare-and-set: a layout replaces the current one only if it was
 	// derived from it, so concurrent writers (the controller, a draining
@@ -133,10 +197,16 @@ func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
 }
 
 func (m *metaSM) Lookup(any) (any, error) {
+	if err := m.halt.err; err != nil {
+		return nil, err
+	}
 	return append([]byte(nil), m.placement...), nil
 }
 
 func (m *metaSM) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan struct{}) error {
+	if err := m.halt.check(); err != nil {
+		return err
+	}
 	var hdr [12]byte
 	binary.BigEndian.PutUint64(hdr[:8], m.epoch)
 	binary.BigEndian.PutUint32(hdr[8:], uint32(len(m.placement)))

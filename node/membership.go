@@ -325,6 +325,9 @@ func (n *Node) proposePlacement(ctx context.Context, q *placement) error {
 	if err != nil {
 		return err
 	}
+	if r.Value == metaHalted {
+		return fmt.Errorf("%w: %s", ErrReplicaHalted, r.Data)
+	}
 	if r.Value != q.Epoch {
 		return fmt.Errorf("layout changed concurrently: epoch %d was already written; will retry from the new layout", q.Epoch)
 	}

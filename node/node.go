@@ -21,8 +21,6 @@ import (
 	"github.com/lockmesh/lockmesh/transport"
 )
 
-// protocolVersion is gossiped in peer metadata.
-const protocolVersion = 1
 
 // Node is one peer of a lock mesh. It is safe for concurrent use. Create it
 // with Start and release it with Close.
@@ -70,6 +68,10 @@ type Node struct {
 
 	runMu   sync.Mutex
 	running map[uint64]uint64 // shard -> id of the replica this peer runs
+	// halted lists the shards whose replica here fail-stopped on an entry
+	// it could not read; they are not started again until the process
+	// restarts (upgraded).
+	halted map[uint64]*HaltError
 
 	ctrl controller // acts only while this peer leads the meta shard
 }
@@ -95,6 +97,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		waiters:  map[waiterKey]chan uint64{},
 		notifyQ:  make(chan notifyJob, 4096),
 		leaders:  map[uint64]string{},
+		halted:   map[uint64]*HaltError{},
 		running:  map[uint64]uint64{},
 	}
 	n.leases.init()
@@ -390,13 +393,18 @@ func (n *Node) startReplica(p *placement, shard uint64, r replica) error {
 		SnapshotEntries:    10000,
 		CompactionOverhead: 5000,
 	}
+	if he := n.haltedShard(shard); he != nil {
+		return he
+	}
+	halt := halter{onStop: n.haltReplica}
 	var create sm.CreateStateMachineFunc
 	if shard == metaShardID {
-		create = func(uint64, uint64) sm.IStateMachine { return &metaSM{} }
+		create = func(uint64, uint64) sm.IStateMachine { return &metaSM{halt: halt} }
 	} else {
 		create = func(uint64, uint64) sm.IStateMachine {
 			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants,
-				onApply: n.cfg.onApply, skipTermCheck: n.cfg.unsafeSkipExpiryTerm}
+				onApply: n.cfg.onApply, skipTermCheck: n.cfg.unsafeSkipExpiryTerm,
+				maxFormat: commandFormat(n.cfg.topLevel()), halt: halt}
 		}
 	}
 	var err error
@@ -440,6 +448,37 @@ func (n *Node) stopReplica(shard uint64) {
 		n.log.Warn("remove replica data", "shard", shard, "replica", id, "err", err)
 	}
 	n.log.Info("replica removed", "shard", shard, "replica", id)
+}
+
+// haltReplica stops the replica whose state machine fail-stopped at an
+// entry it cannot read, keeping its data: the log still holds the entry,
+// and an upgraded peer replays it at its next start. It runs on
+// dragonboat's apply goroutine, so the stop itself runs on another.
+func (n *Node) haltReplica(he *HaltError) {
+	n.log.Error("replica stopped: it cannot read an entry of its shard's log", "shard", he.Shard,
+		"index", he.Index, "format_version", he.Version, "err", he.Err,
+		"fix", "upgrade this peer; its replica replays the entry from the log at the next start")
+	n.runMu.Lock()
+	n.halted[he.Shard] = he
+	id, ok := n.running[he.Shard]
+	delete(n.running, he.Shard)
+	n.runMu.Unlock()
+	if !ok {
+		return
+	}
+	n.goFunc(func() {
+		n.leases.drop(he.Shard)
+		if err := n.nh.StopReplica(he.Shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
+			n.log.Warn("stop halted replica", "shard", he.Shard, "replica", id, "err", err)
+		}
+	})
+}
+
+// haltedShard returns why this peer's replica of shard halted, or nil.
+func (n *Node) haltedShard(shard uint64) *HaltError {
+	n.runMu.Lock()
+	defer n.runMu.Unlock()
+	return n.halted[shard]
 }
 
 // logDBConfig is dragonboat's small-memory LogDB with one storage shard

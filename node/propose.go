@@ -220,7 +220,10 @@ func retryable(err error) bool {
 		errors.Is(err, dragonboat.ErrShardClosed),
 		errors.Is(err, dragonboat.ErrCanceled),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, transport.ErrUnavailable),
-		errors.Is(err, errNotReady):
+		errors.Is(err, errNotReady),
+		// The local replica fail-stopped; it is being stopped, and the
+		// retry goes to a replica that applied the entry.
+		errors.Is(err, ErrReplicaHalted):
 		return true
 	}
 	switch errCode(err) {
@@ -280,8 +283,10 @@ func (n *Node) proposeLocal(ctx context.Context, shard uint64, data []byte) ([]l
 	if err != nil {
 		return nil, err
 	}
-	if r.Value == resultCorrupt {
-		return nil, fmt.Errorf("shard %d rejected a corrupt entry: %s", shard, r.Data)
+	if r.Value == resultHalted {
+		// The entry committed, but this replica did not apply it: the
+		// outcome is unknown here, and other replicas know it.
+		return nil, fmt.Errorf("%w: %s", ErrReplicaHalted, r.Data)
 	}
 	return lockfsm.DecodeResults(r.Data)
 }
