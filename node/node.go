@@ -21,7 +21,6 @@ import (
 	"github.com/lockmesh/lockmesh/transport"
 )
 
-
 // Node is one peer of a lock mesh. It is safe for concurrent use. Create it
 // with Start and release it with Close.
 type Node struct {
