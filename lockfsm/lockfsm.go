@@ -228,6 +228,11 @@ type Grant struct {
 	Req     uint64
 	Token   uint64
 	Owner   string
+	// HandOff is true when the lock was passed on to a waiting attempt (by
+	// a Release, Cancel, Expire or Close), and false when an Acquire was
+	// granted at once: its proposer learns of that from the result, while
+	// a waiter must be told.
+	HandOff bool
 }
 
 // ReqState is the state of one lock attempt.
@@ -552,7 +557,7 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 		a.s.keys[c.Key] = k
 	}
 	if len(k.waiters()) == 0 && uint64(len(k.holders)) < uint64(k.limit) {
-		a.grant(c.Key, k, sess, c.Req, at)
+		a.grant(c.Key, k, sess, c.Req, at, false)
 		return Result{Status: StatusGranted, Token: at.token}
 	}
 	if !c.Wait {
@@ -566,13 +571,13 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 }
 
 // grant makes the attempt a holder of k with the next shard token.
-func (a *applier) grant(key string, k *lockKey, sess *session, req uint64, at *attempt) {
+func (a *applier) grant(key string, k *lockKey, sess *session, req uint64, at *attempt, handOff bool) {
 	a.s.lastToken++
 	at.state = ReqHeld
 	at.token = a.s.lastToken
 	sess.held++
 	k.holders = append(k.holders, slot{session: sess.id, req: req, token: at.token})
-	a.grants = append(a.grants, Grant{Key: key, Session: sess.id, Req: req, Token: at.token, Owner: sess.owner})
+	a.grants = append(a.grants, Grant{Key: key, Session: sess.id, Req: req, Token: at.token, Owner: sess.owner, HandOff: handOff})
 }
 
 // handOff grants waiters in FIFO order while k has spare capacity, and
@@ -586,7 +591,7 @@ func (a *applier) handOff(key string, k *lockKey) {
 		sess := a.s.sessions[w.session]
 		at := sess.reqs[w.req]
 		sess.waiting--
-		a.grant(key, k, sess, w.req, at)
+		a.grant(key, k, sess, w.req, at, true)
 	}
 	k.setWaiters(queue)
 	if k.idle() {

@@ -58,8 +58,18 @@ func (s *lockSM) Update(e sm.Entry) (sm.Result, error) {
 	if err != nil {
 		return sm.Result{}, fmt.Errorf("shard %d: encode results: %w", s.shard, err)
 	}
-	if len(grants) > 0 && s.onGrant != nil {
-		s.onGrant(s.shard, grants)
+	if s.onGrant != nil {
+		// Grants at once answer their Acquire; only hand-offs must be
+		// delivered to a waiter.
+		var handOffs []lockfsm.Grant
+		for _, g := range grants {
+			if g.HandOff {
+				handOffs = append(handOffs, g)
+			}
+		}
+		if len(handOffs) > 0 {
+			s.onGrant(s.shard, handOffs)
+		}
 	}
 	return sm.Result{Value: uint64(len(results)), Data: data}, nil
 }

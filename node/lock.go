@@ -269,27 +269,18 @@ func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (
 		return nil, false, fmt.Errorf("lock %q: %s", key, describe(res))
 	}
 
-	// Queued: wait for the grant notification. Notifications can be lost
-	// (a peer restarts, a connection drops), so the attempt's state is also
-	// read back at a slow interval.
+	// Queued: wait for the grant (see notify.go). A token comes from this
+	// peer's own replica; a notice, or the slow re-read that covers lost
+	// notices, is checked against the replicated state.
 	poll := time.NewTicker(n.pollInterval())
 	defer poll.Stop()
 	for {
 		select {
 		case tok := <-granted:
-			return s.newLock(key, req, tok), false, nil
+			if tok != verifyGrant {
+				return s.newLock(key, req, tok), false, nil
+			}
 		case <-poll.C:
-			a, err := n.read(ctx, s.shard, lockQuery{Kind: queryRequest, Session: s.id, Req: req})
-			if err != nil {
-				continue
-			}
-			if !a.SessionFound {
-				s.lose(fmt.Errorf("%w: shard %d no longer knows session %d", ErrLeaseExpired, s.shard, s.id))
-				return nil, true, nil
-			}
-			if a.Request.State == lockfsm.ReqHeld {
-				return s.newLock(key, req, a.Request.Token), false, nil
-			}
 		case <-s.lost:
 			return nil, true, nil
 		case <-ctx.Done():
@@ -297,6 +288,17 @@ func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (
 			return nil, false, fmt.Errorf("lock %q: %w", key, ctx.Err())
 		case <-n.stop:
 			return nil, false, ErrClosed
+		}
+		a, err := n.read(ctx, s.shard, lockQuery{Kind: queryRequest, Session: s.id, Req: req})
+		if err != nil {
+			continue
+		}
+		if !a.SessionFound {
+			s.lose(fmt.Errorf("%w: shard %d no longer knows session %d", ErrLeaseExpired, s.shard, s.id))
+			return nil, true, nil
+		}
+		if a.Request.State == lockfsm.ReqHeld {
+			return s.newLock(key, req, a.Request.Token), false, nil
 		}
 	}
 }

@@ -10,6 +10,18 @@ import (
 // waiterKey names one queued acquire attempt.
 type waiterKey struct{ shard, session, req uint64 }
 
+// Grant delivery. A queued attempt learns of its grant in one way: a wake
+// on its channel. Its value is the token when this peer's own replica
+// applied the hand-off (the replicated state itself says so), or
+// verifyGrant when a peer pushed a notice, which the waiter checks with a
+// linearizable read of its attempt before Lock returns: a notice proves
+// nothing, since anyone who reaches the RPC port can send one. The leader
+// pushes notices only to owners that host no replica of the shard, and
+// only for hand-offs (an Acquire granted at once is answered by its
+// result). A waiter also re-reads its attempt at a slow interval, so a
+// lost notice delays a grant but never strands it.
+const verifyGrant uint64 = 0
+
 func (n *Node) addWaiter(shard, session, req uint64) <-chan uint64 {
 	ch := make(chan uint64, 1)
 	n.waitMu.Lock()
@@ -24,6 +36,21 @@ func (n *Node) removeWaiter(shard, session, req uint64) {
 	n.waitMu.Unlock()
 }
 
+// wake hands token (or verifyGrant) to the waiter of (shard, session, req),
+// if it is still waiting. A token is never replaced by a notice.
+func (n *Node) wake(shard, session, req, token uint64) {
+	n.waitMu.Lock()
+	ch := n.waiters[waiterKey{shard, session, req}]
+	n.waitMu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- token:
+	default:
+	}
+}
+
 // notifyJob is a grant to push to the peer owning the session.
 type notifyJob struct {
 	owner string
@@ -32,36 +59,35 @@ type notifyJob struct {
 }
 
 // onApplyGrants is called by a lock shard's state machine, on dragonboat's
-// apply goroutine, for the grants an entry made. It must not block: grants
-// for local sessions are handed to their waiters, and the leader queues the
-// others for their owners. Replaying the log after a restart calls it
-// again; nobody waits for those attempts any more, so nothing happens.
+// apply goroutine, for the hand-offs an entry made. It must not block:
+// grants for this peer's sessions wake their waiters, and the leader
+// queues notices for owners that host no replica of the shard. Replaying
+// the log after a restart calls it again; nobody waits for those attempts
+// any more, so nothing happens.
 func (n *Node) onApplyGrants(shard uint64, grants []lockfsm.Grant) {
-	n.deliverGrants(shard, grants, true)
-}
-
-func (n *Node) deliverGrants(shard uint64, grants []lockfsm.Grant, applied bool) {
-	leader := applied && n.leases.isLeader(shard)
+	leader := n.leases.isLeader(shard)
+	p := n.placement.Load()
 	for _, g := range grants {
-		if g.Owner == n.cfg.Name {
-			n.waitMu.Lock()
-			ch := n.waiters[waiterKey{shard, g.Session, g.Req}]
-			n.waitMu.Unlock()
-			if ch != nil {
-				select {
-				case ch <- g.Token:
-				default:
-				}
-			}
-			continue
-		}
-		if leader {
+		switch {
+		case g.Owner == n.cfg.Name:
+			n.wake(shard, g.Session, g.Req, g.Token)
+		case leader && (p == nil || !p.hosts(shard, g.Owner)):
 			select {
 			case n.notifyQ <- notifyJob{owner: g.Owner, shard: shard, grant: g}:
 			default:
-				// A full queue drops the notification; the waiter's slow
-				// poll still finds the grant.
+				// A full queue drops the notice; the waiter's slow
+				// re-read still finds the grant.
 			}
+		}
+	}
+}
+
+// onNotice handles grant notices pushed by a shard leader: each wakes its
+// waiter to verify the grant. Nothing in a notice is trusted.
+func (n *Node) onNotice(req notifyReq) {
+	for _, g := range req.Grants {
+		if g.Owner == n.cfg.Name {
+			n.wake(req.Shard, g.Session, g.Req, verifyGrant)
 		}
 	}
 }

@@ -130,7 +130,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
-		n.deliverGrants(req.Shard, req.Grants, false)
+		n.onNotice(req)
 		return nil, nil
 	case methodPrepare, methodCommit, methodAbort, methodGetPlacement:
 		return n.serveBootstrap(ctx, method, body)

@@ -1,0 +1,91 @@
+package node
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
+	"github.com/lockmesh/lockmesh/transport"
+)
+
+// A grant notice pushed to the RPC port is only a hint: anyone who reaches
+// the port can send one (without TLS, anyone at all), so a waiting Lock
+// returns only once the replicated state says its attempt holds the lock,
+// and with the token the state gave it.
+func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2})
+	holderNode, waiterNode := peers[0].node, peers[1].node
+	const key = "forged"
+	held, err := holderNode.Lock(ctxT(t, 10*time.Second), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		l   *Lock
+		err error
+		at  time.Time
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := waiterNode.Lock(ctxT(t, 30*time.Second), key)
+		got <- result{l, err, time.Now()}
+	}()
+	shard := waiterNode.placement.Load().shardOf(key)
+	var w waiterKey
+	deadline := time.Now().Add(10 * time.Second)
+	for w == (waiterKey{}) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never queued")
+		}
+		waiterNode.waitMu.Lock()
+		for k := range waiterNode.waiters {
+			if k.shard == shard {
+				w = k
+			}
+		}
+		waiterNode.waitMu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// An outsider with no cluster credentials sends a notice naming the
+	// waiter's exact attempt, with a made-up token. Call returns once the
+	// waiter's peer has handled it.
+	forger, err := transport.NewClient(transport.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer forger.Close()
+	const forgedToken = 999
+	body, err := encodeBody(notifyReq{Shard: shard, Grants: []lockfsm.Grant{{Key: key, Session: w.session, Req: w.req, Token: forgedToken, Owner: waiterNode.Name(), HandOff: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := forger.Call(ctxT(t, 5*time.Second), waiterNode.rpc.Addr(), methodNotify, body); err != nil {
+			t.Fatalf("sending the forged notice: %v", err)
+		}
+	}
+
+	// The waiter re-reads its attempt on the notice; give that time to
+	// happen, then release. Lock must return only after the release.
+	time.Sleep(time.Second)
+	var released atomic.Int64
+	released.Store(time.Now().UnixNano())
+	if err := held.Unlock(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("waiter: %v", r.err)
+	}
+	defer r.l.Unlock(context.Background())
+	if r.at.UnixNano() < released.Load() {
+		t.Fatalf("Lock returned at %v, before the holder released at %v: a forged notice granted it", r.at, time.Unix(0, released.Load()))
+	}
+	if r.l.Token() == forgedToken || r.l.Token() <= held.Token() {
+		t.Fatalf("waiter's token %d (holder had %d): not the one the state granted", r.l.Token(), held.Token())
+	}
+}
