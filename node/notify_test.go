@@ -89,3 +89,59 @@ func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
 		t.Fatalf("waiter's token %d (holder had %d): not the one the state granted", r.l.Token(), held.Token())
 	}
 }
+
+// A peer that hosts no replica of a shard learns of a hand-off from the
+// leader's notice (verified by a read), not from the slow re-read: with a
+// 60s TTL the re-read comes every 15s, and the grant arrives well before.
+func TestHandOffReachesClientOnlyPeer(t *testing.T) {
+	const ttl = 60 * time.Second
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, ttl: ttl})
+	o := clusterOpts{shards: 2, rf: 3, ttl: ttl}
+	client := &testPeer{cfg: testConfig(t, "client", o)}
+	client.cfg.NoReplicas = true
+	client.cfg.Join = []string{peers[0].node.GossipAddr()}
+	client.start(t)
+	t.Cleanup(client.stop)
+	client.waitReady(t)
+
+	const key = "handoff"
+	held, err := peers[0].node.Lock(ctxT(t, 10*time.Second), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	var l *Lock
+	go func() {
+		var err error
+		l, err = client.node.Lock(ctxT(t, 30*time.Second), key)
+		got <- err
+	}()
+	// Unlock only once the client waits in the key's queue.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ki, err := peers[0].node.Inspect(ctxT(t, 5*time.Second), key)
+		if err == nil && len(ki.Waiters) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client never queued: %+v %v", ki, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	released := time.Now()
+	if err := held.Unlock(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(context.Background())
+		if l.Token() <= held.Token() {
+			t.Fatalf("token %d after %d", l.Token(), held.Token())
+		}
+	case <-time.After(ttl / 8):
+		t.Fatalf("no grant %v after the release: the notice did not arrive (the re-read comes every %v)", time.Since(released), ttl/4)
+	}
+}
