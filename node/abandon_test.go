@@ -15,7 +15,7 @@ import (
 // unlockable. Now the session is lost and closed on the cluster instead.
 func TestAbandonedAttemptWhoseCancelFailsDoesNotKeepTheKey(t *testing.T) {
 	var drop atomic.Bool
-	o := clusterOpts{peers: 3, rf: 3, shards: 2, mutate: func(c *Config) { c.dropCancels = drop.Load }}
+	o := clusterOpts{peers: 3, rf: 3, shards: 2, hook: func(h *testHooks) { h.dropCancels = drop.Load }}
 	peers := startCluster(t, o)
 	ctx := ctxT(t, 30*time.Second)
 	holder, err := peers[0].node.Lock(ctx, "k")

@@ -233,7 +233,7 @@ func (n *Node) localMeta() mesh.Meta {
 // baseMeta is what this peer gossips about itself before it belongs to a
 // cluster.
 func (n *Node) baseMeta() mesh.Meta {
-	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), MinVersion: minLevel, Version: n.cfg.topLevel(), NoReplicas: n.cfg.NoReplicas,
+	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), MinVersion: minLevel, Version: n.topLevel(), NoReplicas: n.cfg.NoReplicas,
 		JoinOnly: n.cfg.BootstrapExpect == 0}
 	if n.nh != nil {
 		m.NodeHostID = n.nh.ID()

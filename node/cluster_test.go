@@ -17,15 +17,17 @@ import (
 // testPeer is one peer of an in-process test cluster. Its file system is
 // in memory and survives restarts of the peer.
 type testPeer struct {
-	cfg  Config
-	node *Node
+	cfg   Config
+	hooks testHooks
+	node  *Node
 }
 
 type clusterOpts struct {
 	peers, expect, shards, rf int
 	ttl                       time.Duration
-	deadAfter                 time.Duration // 0: the default
-	mutate                    func(*Config) // changes each peer's config, if set
+	deadAfter                 time.Duration    // 0: the default
+	mutate                    func(*Config)    // changes each peer's config, if set
+	hook                      func(*testHooks) // sets each peer's test hooks, if set
 }
 
 var (
@@ -118,6 +120,9 @@ func startCluster(t testing.TB, o clusterOpts) []*testPeer {
 			o.mutate(&cfg)
 		}
 		p := &testPeer{cfg: cfg}
+		if o.hook != nil {
+			o.hook(&p.hooks)
+		}
 		p.start(t)
 		if seed == "" {
 			seed = p.node.GossipAddr()
@@ -139,7 +144,7 @@ func (p *testPeer) start(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n, err := Start(ctx, p.cfg)
+	n, err := start(ctx, p.cfg, p.hooks)
 	if err != nil {
 		t.Fatalf("start %s: %v", p.cfg.Name, err)
 	}

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
@@ -10,11 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/vfs"
-
-	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // Defaults used where a Config field is zero.
@@ -140,36 +135,6 @@ type Config struct {
 	// FS replaces the file system under DataDir; tests use vfs.NewMem().
 	// Nil means the operating system's.
 	FS vfs.FS
-
-	// Test hooks: an in-memory Raft transport and a dialer for lockmesh's
-	// transport, both able to inject faults.
-	raftTransport config.TransportFactory
-	rpcDial       func(ctx context.Context, addr string) (net.Conn, error)
-	// gossipTransport builds the memberlist transport gossip runs on,
-	// listening on bindAddr (GossipAddr), so tests can cut gossip alone.
-	gossipTransport func(bindAddr string) (memberlist.NodeAwareTransport, error)
-	// unsafeExpireAfter, when set, makes a leader expire sessions after
-	// this long instead of their TTL and skip the new-leader grace: a
-	// deliberately broken variant that the safety checkers must catch.
-	unsafeExpireAfter time.Duration
-	// unsafeSkipExpiryTerm makes the lock state machines apply every
-	// ExpireSession whatever term decided it, as before the term fence:
-	// a deliberately broken variant (a paused or stalled ex-leader's
-	// expiry then commits under its successor) the checkers must catch.
-	unsafeSkipExpiryTerm bool
-	// onApply, when set, sees every lock shard entry this peer applies,
-	// on dragonboat's apply goroutine, with the grants it made (in commit
-	// order, tokens ascending). It must not block. Tests check every
-	// replica's apply stream with it.
-	onApply func(shard, index uint64, grants []lockfsm.Grant)
-	// holdLevel, when set, makes this peer play a release whose newest
-	// feature level is holdLevel: it gossips that as its newest version and
-	// its replicas halt on entries of newer formats (mixed-version tests).
-	holdLevel uint8
-	// dropCancels, when set and returning true, makes the withdrawal of an
-	// abandoned lock attempt fail without being proposed, as one that
-	// cannot commit in time does.
-	dropCancels func() bool
 }
 
 // RaftTLS names the PEM files for mutual TLS between Raft peers: every
@@ -235,7 +200,11 @@ func (c *Config) setDefaults() {
 
 // Validate reports the first problem with the configuration, wrapped in
 // ErrInvalidConfig. It applies defaults to a copy, so zero fields are fine.
-func (c Config) Validate() error {
+func (c Config) Validate() error { return c.validate(false) }
+
+// validate is Validate; raftInMemory says RaftAddr is only a name for a
+// test's in-memory Raft transport, so nothing listens on it.
+func (c Config) validate(raftInMemory bool) error {
 	c.setDefaults()
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
@@ -243,9 +212,9 @@ func (c Config) Validate() error {
 	if c.DataDir == "" {
 		return bad("DataDir is required")
 	}
-	for field, addr := range map[string]string{"GossipAddr": c.GossipAddr, "RaftAddr": c.RaftAddr, "RPCAddr": c.RPCAddr} {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return bad("%s %q is not host:port: %v", field, addr, err)
+	for _, a := range c.addrs() {
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return bad("%s %q is not host:port: %v", a.field, a.addr, err)
 		}
 	}
 	if _, port, _ := net.SplitHostPort(c.RaftAddr); port == "0" {
@@ -257,7 +226,7 @@ func (c Config) Validate() error {
 	if c.Name == "" || len(c.Name) > 128 {
 		return bad("Name %q must be 1 to 128 bytes", c.Name)
 	}
-	if exposed := c.exposedAddrs(); len(exposed) > 0 && !c.Insecure {
+	if exposed := c.exposedAddrs(raftInMemory); len(exposed) > 0 && !c.Insecure {
 		if missing := c.missingProtection(); len(missing) > 0 {
 			return bad("%s is not loopback: set %s, or set Insecure to run without them", exposed[0], joinAnd(missing))
 		}
@@ -308,27 +277,35 @@ func (c Config) Validate() error {
 		return bad("GossipKey is %d bytes; it must be 16, 24 or 32", n)
 	}
 	if c.RaftTLS.enabled() {
-		for field, path := range map[string]string{"CAFile": c.RaftTLS.CAFile, "CertFile": c.RaftTLS.CertFile, "KeyFile": c.RaftTLS.KeyFile} {
-			if path == "" {
-				return bad("RaftTLS.%s is required when RaftTLS is set", field)
+		for _, f := range []struct{ field, path string }{
+			{"CAFile", c.RaftTLS.CAFile}, {"CertFile", c.RaftTLS.CertFile}, {"KeyFile", c.RaftTLS.KeyFile},
+		} {
+			if f.path == "" {
+				return bad("RaftTLS.%s is required when RaftTLS is set", f.field)
 			}
-			if _, err := os.Stat(path); err != nil {
-				return bad("RaftTLS.%s: %v", field, err)
+			if _, err := os.Stat(f.path); err != nil {
+				return bad("RaftTLS.%s: %v", f.field, err)
 			}
 		}
 	}
 	return nil
 }
 
-// exposedAddrs returns the listening addresses (as "Field host:port") that
-// are not loopback, in a fixed order. With the in-memory Raft transport of
-// the tests, RaftAddr is only a name: nothing listens on it.
-func (c Config) exposedAddrs() []string {
-	var out []string
-	for _, a := range []struct{ field, addr string }{
+// addrs lists the three listening addresses with their field names, in a
+// fixed order, so errors name the first bad one every time.
+func (c Config) addrs() []struct{ field, addr string } {
+	return []struct{ field, addr string }{
 		{"GossipAddr", c.GossipAddr}, {"RaftAddr", c.RaftAddr}, {"RPCAddr", c.RPCAddr},
-	} {
-		if a.field == "RaftAddr" && c.raftTransport != nil {
+	}
+}
+
+// exposedAddrs returns the listening addresses (as "Field host:port") that
+// are not loopback, in a fixed order. With a test's in-memory Raft
+// transport (raftInMemory), RaftAddr is only a name: nothing listens on it.
+func (c Config) exposedAddrs(raftInMemory bool) []string {
+	var out []string
+	for _, a := range c.addrs() {
+		if a.field == "RaftAddr" && raftInMemory {
 			continue
 		}
 		if !isLoopback(a.addr) {

@@ -140,6 +140,7 @@ func (g *gate) wait(ctx context.Context) {
 type faultPeer struct {
 	name  string
 	cfg   Config
+	hooks testHooks
 	clock *faultClock
 	gate  gate
 	// disk is the peer's strict in-memory file system; its Config.FS is
@@ -186,7 +187,8 @@ type faultCluster struct {
 type faultOpts struct {
 	peers, shards int
 	ttl           time.Duration
-	mutate        func(*Config) // applied to every peer's config
+	mutate        func(*Config)    // applied to every peer's config
+	hook          func(*testHooks) // applied to every peer's test hooks
 }
 
 // faultClusterSeq keeps Raft addresses unique across tests: the channel
@@ -269,9 +271,9 @@ func (fc *faultCluster) newPeer(bootstrapExpect int) *faultPeer {
 	fc.rpcPeer[p.cfg.RPCAddr] = name
 	fc.gossipPeer[p.cfg.GossipAddr] = name
 	fc.addrMu.Unlock()
-	p.cfg.raftTransport = fc.net.RaftTransportFactory(name, func(addr string) string { return fc.peerOf(fc.raftPeer, addr) })
-	p.cfg.rpcDial = fc.net.Dialer(name, func(addr string) string { return fc.peerOf(fc.rpcPeer, addr) })
-	p.cfg.gossipTransport = func(bindAddr string) (memberlist.NodeAwareTransport, error) {
+	p.hooks.raftTransport = fc.net.RaftTransportFactory(name, func(addr string) string { return fc.peerOf(fc.raftPeer, addr) })
+	p.hooks.rpcDial = fc.net.Dialer(name, func(addr string) string { return fc.peerOf(fc.rpcPeer, addr) })
+	p.hooks.gossipTransport = func(bindAddr string) (memberlist.NodeAwareTransport, error) {
 		inner, err := newGossipTransport(bindAddr)
 		if err != nil {
 			return nil, err
@@ -281,6 +283,9 @@ func (fc *faultCluster) newPeer(bootstrapExpect int) *faultPeer {
 	}
 	if o.mutate != nil {
 		o.mutate(&p.cfg)
+	}
+	if o.hook != nil {
+		o.hook(&p.hooks)
 	}
 	return p
 }
@@ -346,11 +351,11 @@ func (fc *faultCluster) start(p *faultPeer) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	p.incarnation++
-	cfg := p.cfg
-	if cfg.onApply == nil {
-		cfg.onApply = fc.applies.hook(p.name, p.incarnation)
+	hooks := p.hooks
+	if hooks.onApply == nil {
+		hooks.onApply = fc.applies.hook(p.name, p.incarnation)
 	}
-	n, err := Start(ctx, cfg)
+	n, err := start(ctx, p.cfg, hooks)
 	if err != nil {
 		fc.t.Fatalf("start %s: %v", p.name, err)
 	}

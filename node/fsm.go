@@ -19,9 +19,9 @@ type lockSM struct {
 	shard   uint64
 	state   *lockfsm.State
 	onGrant func(shard uint64, grants []lockfsm.Grant)
-	// onApply is Config.onApply, a test hook; nil in production.
+	// onApply is testHooks.onApply; nil in production.
 	onApply func(shard, index uint64, grants []lockfsm.Grant)
-	// skipTermCheck is Config.unsafeSkipExpiryTerm: every ExpireSession
+	// skipTermCheck is testHooks.unsafeSkipExpiryTerm: every ExpireSession
 	// is stamped with the recorded term, so none is ever refused.
 	skipTermCheck bool
 	// maxFormat is the newest command format this replica reads:

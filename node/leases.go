@@ -119,7 +119,7 @@ func (t *leaseTable) leaderState(shard, term uint64, now time.Time) *shardLeases
 // leader can go on acknowledging keepalives (an election timeout with
 // CheckQuorum), twice.
 func (n *Node) leaderGrace() time.Duration {
-	if n.cfg.unsafeExpireAfter > 0 {
+	if n.hooks.unsafeExpireAfter > 0 {
 		return 0
 	}
 	return 20 * n.cfg.RTT
@@ -254,8 +254,8 @@ func (n *Node) expireLapsed() {
 				sl.lastSeen[s.ID] = seen
 			}
 			ttl := time.Duration(s.TTLMillis) * time.Millisecond
-			if n.cfg.unsafeExpireAfter > 0 {
-				ttl = n.cfg.unsafeExpireAfter
+			if n.hooks.unsafeExpireAfter > 0 {
+				ttl = n.hooks.unsafeExpireAfter
 			}
 			if !sl.expiring[s.ID] && now.Sub(seen) > ttl {
 				sl.expiring[s.ID] = true // rule 3

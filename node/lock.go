@@ -324,7 +324,7 @@ func (n *Node) abandon(s *session, req uint64) bool {
 		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
 		defer cancel()
 		var err error
-		if n.cfg.dropCancels != nil && n.cfg.dropCancels() {
+		if n.hooks.dropCancels != nil && n.hooks.dropCancels() {
 			err = errors.New("cancel dropped by a test")
 		} else {
 			_, err = n.apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: req})

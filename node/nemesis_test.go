@@ -1145,7 +1145,7 @@ func TestBrokenVariantIsCaught(t *testing.T) {
 	if testing.Short() {
 		t.Skip("nemesis suite skipped in -short mode")
 	}
-	o := faultOpts{mutate: func(c *Config) { c.unsafeExpireAfter = nemesisTTL / 4 }}
+	o := faultOpts{hook: func(h *testHooks) { h.unsafeExpireAfter = nemesisTTL / 4 }}
 	fc := startFaultCluster(t, o)
 	lr := newLoadRun(fc)
 	lr.hold = func() time.Duration { return nemesisTTL/2 + time.Duration(rand.IntN(50))*time.Millisecond }
@@ -1240,7 +1240,7 @@ func TestStalledLeaderExpiryIsCaught(t *testing.T) {
 	if testing.Short() {
 		t.Skip("nemesis suite skipped in -short mode")
 	}
-	fc := startFaultCluster(t, faultOpts{mutate: func(c *Config) { c.unsafeSkipExpiryTerm = true }})
+	fc := startFaultCluster(t, faultOpts{hook: func(h *testHooks) { h.unsafeSkipExpiryTerm = true }})
 	longFor := func() time.Duration { return 2*nemesisTTL + rand.N(nemesisTTL) }
 	v, kinds, _ := runUntilOverlap(t, fc, "stalled-leader-expiry (unsafeSkipExpiryTerm)", longFor, 8, func(ctx context.Context, lr *loadRun) {
 		// Stall the leader of a key another peer's holder has just

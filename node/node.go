@@ -24,8 +24,9 @@ import (
 // Node is one peer of a lock mesh. It is safe for concurrent use. Create it
 // with Start and release it with Close.
 type Node struct {
-	cfg Config
-	log *slog.Logger
+	cfg   Config
+	hooks testHooks // all zero outside tests
+	log   *slog.Logger
 
 	mesh  *mesh.Mesh
 	nh    *dragonboat.NodeHost
@@ -81,13 +82,19 @@ type Node struct {
 // returns once the peer listens; calls such as Lock wait (bounded by their
 // context) until the cluster is formed. Use Ready to wait explicitly.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
-	if err := cfg.Validate(); err != nil {
+	return start(ctx, cfg, testHooks{})
+}
+
+// start is Start with test hooks.
+func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
+	if err := cfg.validate(hooks.raftTransport != nil); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults()
 	installDragonboatLogger(cfg.Logger)
 	n := &Node{
 		cfg:      cfg,
+		hooks:    hooks,
 		log:      cfg.Logger.With("peer", cfg.Name),
 		stop:     make(chan struct{}),
 		ready:    make(chan struct{}),
@@ -121,7 +128,7 @@ func (n *Node) open(ctx context.Context) error {
 		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
 	}
 	var err error
-	tcfg := transport.Config{Logger: n.log.With("component", "transport"), TLS: cfg.TLS, Dial: cfg.rpcDial}
+	tcfg := transport.Config{Logger: n.log.With("component", "transport"), TLS: cfg.TLS, Dial: n.hooks.rpcDial}
 	if n.rpc, err = transport.Listen(cfg.RPCAddr, tcfg, n.handle); err != nil {
 		return fmt.Errorf("listen rpc %s: %w", cfg.RPCAddr, err)
 	}
@@ -136,8 +143,8 @@ func (n *Node) open(ctx context.Context) error {
 		Local:     isLoopback(cfg.GossipAddr),
 		Logger:    n.log.With("component", "gossip"),
 	}
-	if cfg.gossipTransport != nil {
-		if mcfg.Transport, err = cfg.gossipTransport(cfg.GossipAddr); err != nil {
+	if n.hooks.gossipTransport != nil {
+		if mcfg.Transport, err = n.hooks.gossipTransport(cfg.GossipAddr); err != nil {
 			return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
 		}
 	}
@@ -157,8 +164,8 @@ func (n *Node) open(ctx context.Context) error {
 			Engine:              engineConfig(),
 		},
 	}
-	if cfg.raftTransport != nil {
-		nhc.Expert.TransportFactory = cfg.raftTransport
+	if n.hooks.raftTransport != nil {
+		nhc.Expert.TransportFactory = n.hooks.raftTransport
 	}
 	if cfg.RaftTLS.enabled() {
 		nhc.MutualTLS = true
@@ -402,8 +409,8 @@ func (n *Node) startReplica(p *placement, shard uint64, r replica) error {
 	} else {
 		create = func(uint64, uint64) sm.IStateMachine {
 			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants,
-				onApply: n.cfg.onApply, skipTermCheck: n.cfg.unsafeSkipExpiryTerm,
-				maxFormat: commandFormat(n.cfg.topLevel()), halt: halt}
+				onApply: n.hooks.onApply, skipTermCheck: n.hooks.unsafeSkipExpiryTerm,
+				maxFormat: commandFormat(n.topLevel()), halt: halt}
 		}
 	}
 	var err error
@@ -573,7 +580,7 @@ func (n *Node) warnPlaintext() {
 	if !n.cfg.Insecure {
 		return
 	}
-	if exposed := n.cfg.exposedAddrs(); len(exposed) > 0 && len(plain) > 0 {
+	if exposed := n.cfg.exposedAddrs(n.hooks.raftTransport != nil); len(exposed) > 0 && len(plain) > 0 {
 		n.log.Warn("Insecure is set: unprotected ports listen beyond loopback; any host that reaches them can join, propose and lock, and a crafted gossip message costs memory (see docs/SECURITY.md)",
 			"exposed", exposed, "unset", missing)
 	} else {

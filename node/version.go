@@ -32,9 +32,9 @@ func commandFormat(level uint8) byte {
 
 // topLevel is the newest level this peer speaks: maxLevel, or lower when a
 // test holds the peer back to play an older release.
-func (c *Config) topLevel() uint8 {
-	if c.holdLevel != 0 {
-		return c.holdLevel
+func (n *Node) topLevel() uint8 {
+	if n.hooks.holdLevel != 0 {
+		return n.hooks.holdLevel
 	}
 	return maxLevel
 }
