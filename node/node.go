@@ -97,7 +97,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		leaders:  map[uint64]string{},
 		running:  map[uint64]uint64{},
 	}
-	n.leases.init()
+	n.leases.init(n.cfg)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(ctx); err != nil {
 		n.shutdown(false)
@@ -430,7 +430,7 @@ func (n *Node) stopReplica(shard uint64) {
 	if !ok {
 		return
 	}
-	n.leases.drop(shard)
+	n.leases.Drop(shard)
 	if err := n.nh.StopReplica(shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
 		n.log.Warn("stop replica", "shard", shard, "replica", id, "err", err)
 	}

@@ -41,7 +41,7 @@ func (n *Node) onApplyGrants(shard uint64, grants []lockfsm.Grant) {
 }
 
 func (n *Node) deliverGrants(shard uint64, grants []lockfsm.Grant, applied bool) {
-	leader := applied && n.leases.isLeader(shard)
+	leader := applied && n.leases.IsLeader(shard)
 	for _, g := range grants {
 		if g.Owner == n.cfg.Name {
 			n.waitMu.Lock()
