@@ -7,7 +7,9 @@ import "errors"
 // term recorded (Lapsed asks for it) and let the sender retry.
 var ErrTermNotRecorded = errors.New("the leader's term is not recorded in the shard's state yet")
 
-// ErrTermEnded means the shard's state has recorded a later term than the
-// one the caller confirmed: a newer leader exists, so nothing is
-// acknowledged. The sender should look for the new leader.
-var ErrTermEnded = errors.New("the shard's state has recorded a later leader term")
+// ErrNotLeader means the lease table does not have this peer leading the
+// shard in the term the caller confirmed: Raft's report of that election
+// has not reached the table yet, or the leadership has ended since (Raft
+// reported a change, or the shard's state has recorded a later term).
+// Nothing is acknowledged; the sender retries, or looks for the new leader.
+var ErrNotLeader = errors.New("the lease table does not have this peer leading the shard in that term")

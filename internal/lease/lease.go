@@ -193,30 +193,29 @@ func (t *Table) Led() []uint64 {
 // replica after applying up to that read index (rule 1).
 //
 // Nothing is acknowledged, and ErrTermNotRecorded returned, until st has
-// recorded term (rule 0); ErrTermEnded when st has recorded a later term.
-// A session is lost when st does not list it or when this leader decided
-// to expire it (rule 3). An acknowledged session's timer restarts at
-// received unless it is already later (a newer keepalive, or the grace of
-// rule 2). A table that did not know this peer leads shard in term (the
-// leadership was confirmed before Raft's event arrived) starts the shard's
-// state at received.
+// recorded term (rule 0), and ErrNotLeader unless the table has this peer
+// leading shard in term (see ErrNotLeader). A session is lost when st
+// does not list it or when this leader decided to expire it (rule 3). An
+// acknowledged session's timer restarts at received unless it is already
+// later (a newer keepalive, or the grace of rule 2).
 func (t *Table) Ack(shard, term uint64, st State, sessions []uint64, received time.Time) (acked, lost []uint64, err error) {
-	switch {
-	case st.Term < term:
-		return nil, nil, ErrTermNotRecorded
-	case st.Term > term:
-		return nil, nil, ErrTermEnded
-	}
 	live := make(map[uint64]bool, len(st.Sessions))
 	for _, s := range st.Sessions {
 		live[s.ID] = true
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// Only Lapsed, on a table leading shard in term, asks for
+	// LeaderTerm(term); so without that state nothing could be acked
+	// anyway (rule 0), and a confirmation that arrives after Raft reported
+	// the leadership lost must not bring the state back: it would make
+	// this peer act as the leader (IsLeader, Lapsed) until the next event.
 	s := t.shards[shard]
-	if s == nil || s.term != term {
-		s = newShardLeases(term, received)
-		t.shards[shard] = s
+	switch {
+	case s == nil || s.term != term || st.Term > term:
+		return nil, nil, ErrNotLeader
+	case st.Term < term:
+		return nil, nil, ErrTermNotRecorded
 	}
 	for _, id := range sessions {
 		if !live[id] || s.expiring[id] {

@@ -131,8 +131,8 @@ func TestRule0LaterRecordedTermDecidesNothing(t *testing.T) {
 	tb := elected(t, 5, t0)
 	newer := state(6, 1)
 	late := at(grace + 10*ttl)
-	if acked, _, err := tb.Ack(shard, 5, newer, []uint64{1}, late); !errors.Is(err, ErrTermEnded) || acked != nil {
-		t.Fatalf("Ack in term 5 against a state of term 6: acked %v err %v, want ErrTermEnded", acked, err)
+	if acked, _, err := tb.Ack(shard, 5, newer, []uint64{1}, late); !errors.Is(err, ErrNotLeader) || acked != nil {
+		t.Fatalf("Ack in term 5 against a state of term 6: acked %v err %v, want ErrNotLeader", acked, err)
 	}
 	if d := tb.Lapsed(shard, newer, late); d.RecordTerm || d.Sessions != nil {
 		t.Fatalf("Lapsed in term 5 against a state of term 6: %+v, want nothing", d)
@@ -153,21 +153,48 @@ func TestRule1AckCountsFromReceipt(t *testing.T) {
 	wantLapsed(t, tb, st, r.Add(ttl+nano), 1)
 }
 
-// Rule 1: leadership confirmed by Raft before its event reached the table
-// starts the shard's state at the keepalive's receipt.
-func TestRule1ConfirmedLeadershipBeforeTheEvent(t *testing.T) {
-	tb := New(Options{ElectionTimeout: electionTimeout})
-	r := at(time.Second)
-	wantAck(t, tb, 5, state(5, 1), []uint64{1}, r, []uint64{1}, nil)
-	if since, ok := tb.LeaderSince(shard); !ok || !since.Equal(r) {
-		t.Fatalf("LeaderSince = %v, %v; want the keepalive's receipt", since.Sub(t0), ok)
+// Rule 1 is the caller's ReadIndex; the table acknowledges only in a term
+// it has this peer leading. A confirmation that comes after Raft reported
+// the leadership lost (or before it reported the election: then the term
+// cannot be recorded yet either) acknowledges nothing and does not bring
+// the leadership back.
+func TestAckOnlyInATermTheTableLeads(t *testing.T) {
+	refused := func(t *testing.T, tb *Table, term uint64) {
+		t.Helper()
+		acked, lost, err := tb.Ack(shard, term, state(term, 1), []uint64{1}, at(time.Hour))
+		if !errors.Is(err, ErrNotLeader) || acked != nil || lost != nil {
+			t.Fatalf("Ack in term %d: acked %v lost %v err %v, want ErrNotLeader", term, acked, lost, err)
+		}
 	}
-	// The event arriving late for the same term changes nothing.
-	if tb.LeaderChanged(shard, self, self, 5, at(2*time.Second)) {
-		t.Fatal("the late event of a term the table knows restarted the shard's state")
+	t.Run("no event yet", func(t *testing.T) {
+		tb := New(Options{ElectionTimeout: electionTimeout})
+		refused(t, tb, 5)
+		if tb.IsLeader(shard) {
+			t.Fatal("a refused Ack made the table lead the shard")
+		}
+	})
+	for _, c := range []struct {
+		name           string
+		leader, term   uint64
+		stillLeadsTerm uint64 // 0: leads nothing
+	}{
+		{"lost quorum in the same term", 0, 5, 0},
+		{"another leader elected", other, 6, 0},
+		{"re-elected in a later term", self, 6, 6},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tb := elected(t, 5, t0)
+			tb.LeaderChanged(shard, self, c.leader, c.term, at(time.Minute))
+			refused(t, tb, 5)
+			since, leads := tb.LeaderSince(shard)
+			if leads != (c.stillLeadsTerm != 0) || tb.IsLeader(shard) != leads {
+				t.Fatalf("after a stale Ack: LeaderSince %v, IsLeader %v; want leading %v", leads, tb.IsLeader(shard), c.stillLeadsTerm != 0)
+			}
+			if leads && !since.Equal(at(time.Minute)) {
+				t.Fatalf("a stale Ack restarted the term-%d state at %v", c.stillLeadsTerm, since.Sub(t0))
+			}
+		})
 	}
-	wantLapsed(t, tb, state(5, 1), r.Add(ttl))
-	wantLapsed(t, tb, state(5, 1), r.Add(ttl+nano), 1)
 }
 
 // Rule 2: a new leader starts every session's timer at its election plus
