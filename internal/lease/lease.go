@@ -223,9 +223,11 @@ func (t *Table) Ack(shard, term uint64, st State, sessions []uint64, received ti
 			continue
 		}
 		acked = append(acked, id)
-		if received.After(s.lastSeen[id]) {
-			s.lastSeen[id] = received
+		seen, ok := s.lastSeen[id]
+		if !ok {
+			seen = s.since.Add(t.grace) // rule 2, before Lapsed saw the session
 		}
+		s.lastSeen[id] = later(seen, received)
 	}
 	return acked, lost, nil
 }

@@ -213,6 +213,18 @@ func TestRule2NewLeaderStartsTimersAfterGrace(t *testing.T) {
 	wantLapsed(t, tb, st, e.Add(grace+ttl+nano), 1, 2)
 }
 
+// Rule 2: a keepalive acknowledged inside the grace, before the expiry
+// loop first looked at the session, does not shorten the grace.
+func TestRule2AckInsideTheGraceKeepsIt(t *testing.T) {
+	e := at(time.Minute)
+	tb := elected(t, 5, e)
+	st := state(5, 1)
+	wantAck(t, tb, 5, st, []uint64{1}, e.Add(time.Millisecond), []uint64{1}, nil)
+	wantLapsed(t, tb, st, e.Add(time.Millisecond+ttl+nano))
+	wantLapsed(t, tb, st, e.Add(grace+ttl))
+	wantLapsed(t, tb, st, e.Add(grace+ttl+nano), 1)
+}
+
 // Rule 2: a session the leader first sees after its grace (opened since,
 // or the first tick came late) gets a full TTL from that sight.
 func TestRule2SessionFirstSeenLateGetsAFullTTL(t *testing.T) {
