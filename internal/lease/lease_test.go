@@ -323,9 +323,13 @@ func TestSessionsUnknownToTheTableOrTheState(t *testing.T) {
 	st.Sessions = append(st.Sessions, session(9, ttl))
 	wantLapsed(t, tb, st, at(grace))
 	wantLapsed(t, tb, st, at(grace+ttl+nano), 9)
-	// 3 is dropped by the state (closed), then reported lost.
+	// 3 (closed) and 9 (expired) are dropped by the state: the table
+	// forgets them, so it holds only live sessions, and reports 3 lost.
 	st.Sessions = st.Sessions[:1]
 	wantLapsed(t, tb, st, at(grace+ttl+2*nano))
+	if sl := tb.shards[shard]; len(sl.lastSeen) != 1 || len(sl.expiring) != 0 {
+		t.Fatalf("the table still tracks dropped sessions: lastSeen %v expiring %v", sl.lastSeen, sl.expiring)
+	}
 	wantAck(t, tb, 5, st, []uint64{1, 3}, at(grace+ttl+3*nano), []uint64{1}, []uint64{3})
 }
 
