@@ -89,7 +89,8 @@ type Expiry struct {
 }
 
 // Table is the leader-side lease table of one peer, for every shard it
-// hosts. Its methods are safe for concurrent use.
+// leads. The zero value is not usable; use New. Its methods are safe for
+// concurrent use.
 type Table struct {
 	grace       time.Duration
 	expireAfter time.Duration // UnsafeExpireAfter
