@@ -47,10 +47,8 @@ func (fc *faultCluster) leaderAge(shard uint64) (time.Duration, bool) {
 		if p.name != leader || n == nil || n.isClosed() {
 			continue
 		}
-		n.leases.mu.Lock()
-		defer n.leases.mu.Unlock()
-		if sl := n.leases.shards[shard]; sl != nil && sl.leader {
-			return n.now().Sub(sl.since), true
+		if since, ok := n.leases.LeaderSince(shard); ok {
+			return n.now().Sub(since), true
 		}
 	}
 	return 0, false
@@ -130,7 +128,7 @@ func deadHolder(t *testing.T, fc *faultCluster, key string, holderLeads bool) (g
 	// leader still counts the holder's session from its election plus the
 	// grace, and the key is kept up to that much longer.
 	n := waiter.node()
-	settle := n.leaderGrace() + n.keepAliveInterval() + 5*n.cfg.RTT
+	settle := n.leases.Grace() + n.keepAliveInterval() + 5*n.cfg.RTT
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if time.Now().After(deadline) {

@@ -106,7 +106,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		halted:   map[uint64]*HaltError{},
 		running:  map[uint64]uint64{},
 	}
-	n.leases.init()
+	n.leases.init(n.cfg, n.hooks)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(ctx); err != nil {
 		n.shutdown(false)
@@ -444,7 +444,7 @@ func (n *Node) stopReplica(shard uint64) {
 	if !ok {
 		return
 	}
-	n.leases.drop(shard)
+	n.leases.Drop(shard)
 	if err := n.nh.StopReplica(shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
 		n.log.Warn("stop replica", "shard", shard, "replica", id, "err", err)
 	}
@@ -473,7 +473,7 @@ func (n *Node) haltReplica(he *HaltError) {
 		return
 	}
 	n.goFunc(func() {
-		n.leases.drop(he.Shard)
+		n.leases.Drop(he.Shard)
 		if err := n.nh.StopReplica(he.Shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
 			n.log.Warn("stop halted replica", "shard", he.Shard, "replica", id, "err", err)
 		}

@@ -65,7 +65,7 @@ type notifyJob struct {
 // the log after a restart calls it again; nobody waits for those attempts
 // any more, so nothing happens.
 func (n *Node) onApplyGrants(shard uint64, grants []lockfsm.Grant) {
-	leader := n.leases.isLeader(shard)
+	leader := n.leases.IsLeader(shard)
 	p := n.placement.Load()
 	for _, g := range grants {
 		switch {

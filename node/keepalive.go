@@ -1,0 +1,156 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// The client side of leases: this peer's keepalives for the sessions it
+// owns, sent to each shard's leader (served by serveKeepAlive in
+// leases.go). A lock's deadline moves with every acknowledgement (see
+// session.extend and docs/SAFETY.md).
+
+// keepAliveLoop sends this peer's keepalives: one call per shard per round
+// to the shard's leader, carrying every session this peer has there.
+func (n *Node) keepAliveLoop() {
+	n.every(n.keepAliveInterval(), func() {
+		byShard := map[uint64][]*session{}
+		for _, s := range n.liveSessions() {
+			byShard[s.shard] = append(byShard[s.shard], s)
+		}
+		var wg sync.WaitGroup
+		for shard, ss := range byShard {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n.keepAlive(shard, ss)
+			}()
+		}
+		wg.Wait()
+	})
+}
+
+func (n *Node) keepAliveInterval() time.Duration { return n.cfg.SessionTTL / 4 }
+
+func (n *Node) keepAlive(shard uint64, ss []*session) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.keepAliveInterval())
+	defer cancel()
+	req := keepAliveReq{Shard: shard}
+	for _, s := range ss {
+		req.Sessions = append(req.Sessions, s.id)
+	}
+	sent := n.now()
+	resp, err := n.sendKeepAlive(ctx, req)
+	if err != nil {
+		n.log.Debug("keepalive failed", "shard", shard, "err", err)
+		return
+	}
+	expired := map[uint64]bool{}
+	for _, id := range resp.Expired {
+		expired[id] = true
+	}
+	for _, s := range ss {
+		if expired[s.id] {
+			s.lose(fmt.Errorf("%w: the leader of shard %d no longer counts session %d as live", ErrLeaseExpired, shard, s.id))
+		} else {
+			s.extend(sent)
+		}
+	}
+}
+
+// sendKeepAlive delivers a keepalive to the shard's leader. It follows
+// not-leader hints and, when the peer it tried is unreachable or slow,
+// moves on to the shard's other replicas: a crashed leader must not keep
+// the keepalives of its shard from reaching the new one.
+func (n *Node) sendKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveResp, error) {
+	body, err := encodeBody(req)
+	if err != nil {
+		return keepAliveResp{}, err
+	}
+	var avoid string
+	for attempt := 0; ; attempt++ {
+		target := n.leaderGuess(req.Shard)
+		if target == "" || target == avoid {
+			target = n.otherReplica(req.Shard, avoid, attempt)
+		}
+		actx, cancel := context.WithTimeout(ctx, n.proposalTimeout()/4)
+		resp, err := n.keepAliveCall(actx, target, req, body)
+		cancel()
+		switch {
+		case err == nil && resp.Leader == "":
+			n.setLeader(req.Shard, target)
+			return resp, nil
+		case err == nil && resp.Leader != target && attempt < 3:
+			n.setLeader(req.Shard, resp.Leader) // follow the hint at once
+			continue
+		}
+		avoid = target
+		n.forgetLeader(req.Shard, target)
+		if err := n.backoff(ctx, attempt); err != nil {
+			return keepAliveResp{}, err
+		}
+	}
+}
+
+// keepAliveCall sends one keepalive to target, locally when it is this
+// peer. A reply with Leader set means target is not the leader.
+func (n *Node) keepAliveCall(ctx context.Context, target string, req keepAliveReq, body []byte) (keepAliveResp, error) {
+	if target == n.cfg.Name {
+		return n.serveKeepAlive(ctx, req)
+	}
+	addr, ok := n.rpcAddr(target)
+	if !ok {
+		return keepAliveResp{}, fmt.Errorf("no address for peer %q", target)
+	}
+	raw, err := n.peers.Call(ctx, addr, methodKeepAlive, body)
+	if err != nil {
+		return keepAliveResp{}, err
+	}
+	var resp keepAliveResp
+	err = decodeBody(raw, &resp)
+	return resp, err
+}
+
+// otherReplica picks a replica of shard other than avoid, rotating with
+// attempt.
+func (n *Node) otherReplica(shard uint64, avoid string, attempt int) string {
+	p := n.placement.Load()
+	if p == nil {
+		return ""
+	}
+	var hosts []string
+	for _, h := range p.hostNames(shard) {
+		if h != avoid {
+			hosts = append(hosts, h)
+		}
+	}
+	if len(hosts) == 0 {
+		return avoid
+	}
+	return hosts[attempt%len(hosts)]
+}
+
+// leaderGuess names the peer most likely leading shard: what dragonboat
+// says locally if this peer hosts a replica, else the last known leader,
+// else "".
+func (n *Node) leaderGuess(shard uint64) string {
+	p := n.placement.Load()
+	if p == nil {
+		return ""
+	}
+	if n.hostsShard(shard) {
+		if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
+			if pe, ok := p.peerByReplica(id); ok {
+				return pe.Name
+			}
+		}
+	}
+	// A hint from an answer: only while the layout still has the named
+	// peer hosting the shard (it may have left since).
+	if name := n.leader(shard); name != "" && p.hosts(shard, name) {
+		return name
+	}
+	return ""
+}
