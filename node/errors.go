@@ -18,6 +18,9 @@ var (
 	// ErrNotHeld is returned by Unlock when the lock is no longer held, for
 	// example because it was already unlocked.
 	ErrNotHeld = errors.New("lockmesh: lock not held")
+	// ErrSessionClosed is returned by Lock.Err for a lock whose Session was
+	// closed, and by calls on a closed Session.
+	ErrSessionClosed = errors.New("lockmesh: session closed")
 	// ErrClosed is returned by calls made after Close, and by Lock.Err for
 	// a lock held when its node closed.
 	ErrClosed = errors.New("lockmesh: node closed")

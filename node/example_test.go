@@ -7,6 +7,7 @@ import (
 	"log"
 	"net"
 	"os"
+	"time"
 
 	"github.com/lockmesh/lockmesh/node"
 )
@@ -150,4 +151,40 @@ func ExampleNode_Placement() {
 	// 2 false [example]
 	// 3 false [example]
 	// 1 true
+}
+
+// A Session owns the locks taken through it, on every shard, with a TTL of
+// its own; closing it releases them all at once.
+func ExampleNode_NewSession() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	s, err := n.NewSession(ctx, node.WithTTL(30*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	orders, err := s.Lock(ctx, "orders/7")
+	if err != nil {
+		log.Fatal(err)
+	}
+	stock, err := s.Lock(ctx, "stock/7")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("holding", orders.Key(), "and", stock.Key(), "for", s.TTL())
+
+	if err := s.Close(ctx); err != nil {
+		log.Fatal(err)
+	}
+	<-s.Done()
+	fmt.Println(errors.Is(orders.Err(), node.ErrSessionClosed), errors.Is(stock.Err(), node.ErrSessionClosed))
+	if l, err := n.TryLock(ctx, "orders/7"); err == nil {
+		fmt.Println("orders/7 is free again")
+		l.Unlock(ctx)
+	}
+	// Output:
+	// holding orders/7 and stock/7 for 30s
+	// true true
+	// orders/7 is free again
 }

@@ -128,7 +128,7 @@ func deadHolder(t *testing.T, fc *faultCluster, key string, holderLeads bool) (g
 	// leader still counts the holder's session from its election plus the
 	// grace, and the key is kept up to that much longer.
 	n := waiter.node()
-	settle := n.leases.Grace() + n.keepAliveInterval() + 5*n.cfg.RTT
+	settle := n.leases.Grace() + n.cfg.SessionTTL/4 + 5*n.cfg.RTT
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if time.Now().After(deadline) {

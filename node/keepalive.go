@@ -13,29 +13,38 @@ import (
 // session.extend and docs/SAFETY.md).
 
 // keepAliveLoop sends this peer's keepalives: one call per shard per round
-// to the shard's leader, carrying every session this peer has there.
+// to the shard's leader, carrying every session this peer has there. A
+// round comes every quarter of the shortest TTL among the live sessions.
 func (n *Node) keepAliveLoop() {
-	n.every(n.keepAliveInterval(), func() {
+	t := time.NewTimer(n.cfg.SessionTTL / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		interval := n.cfg.SessionTTL / 4
 		byShard := map[uint64][]*session{}
 		for _, s := range n.liveSessions() {
 			byShard[s.shard] = append(byShard[s.shard], s)
+			interval = min(interval, s.owner.ttl/4)
 		}
 		var wg sync.WaitGroup
 		for shard, ss := range byShard {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				n.keepAlive(shard, ss)
+				n.keepAlive(shard, ss, interval)
 			}()
 		}
 		wg.Wait()
-	})
+		t.Reset(interval)
+	}
 }
 
-func (n *Node) keepAliveInterval() time.Duration { return n.cfg.SessionTTL / 4 }
-
-func (n *Node) keepAlive(shard uint64, ss []*session) {
-	ctx, cancel := context.WithTimeout(n.ctx, n.keepAliveInterval())
+func (n *Node) keepAlive(shard uint64, ss []*session, interval time.Duration) {
+	ctx, cancel := context.WithTimeout(n.ctx, interval)
 	defer cancel()
 	req := keepAliveReq{Shard: shard}
 	for _, s := range ss {

@@ -176,7 +176,7 @@ func (l *Lock) releaseInBackground() <-chan outcome {
 	done := s.startRelease(l)
 	n.goFunc(func() {
 		defer s.endRelease(l.key, done)
-		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
+		ctx, cancel := context.WithTimeout(n.ctx, s.owner.ttl)
 		defer cancel()
 		res, err := s.release(ctx, l.req)
 		out <- outcome{res: res, err: err}
@@ -207,33 +207,54 @@ func (n *Node) TryLock(ctx context.Context, key string) (*Lock, error) {
 }
 
 func (n *Node) acquire(ctx context.Context, key string, wait bool) (*Lock, error) {
-	if err := lockfsm.ValidateKey(key); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidKey, err)
-	}
-	if n.isClosed() {
-		return nil, ErrClosed
-	}
-	p, err := n.waitReady(ctx)
-	if err != nil {
-		return nil, err
-	}
-	shard := p.shardOf(key)
 	for {
-		s, err := n.session(ctx, shard)
-		if err != nil {
-			return nil, fmt.Errorf("lock %q: %w", key, err)
-		}
-		if err := s.awaitRelease(ctx, key); err != nil {
-			return nil, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)
-		}
-		if s.isLost() {
-			continue // n.session opens a new one
-		}
-		l, retry, err := n.attempt(ctx, s, key, wait)
+		l, retry, err := n.acquireIn(ctx, key, wait, func(shard uint64) *Session {
+			s, err := n.defaultSession(shard)
+			if err != nil {
+				return nil
+			}
+			return s
+		})
 		if !retry {
 			return l, err
 		}
+		// The default session was lost on the way: start over in a new one.
 	}
+}
+
+// acquireIn takes key in the Session sessionFor gives for the key's shard
+// (nil when the node closed). retry is true when that Session was lost on
+// the way.
+func (n *Node) acquireIn(ctx context.Context, key string, wait bool, sessionFor func(shard uint64) *Session) (l *Lock, retry bool, err error) {
+	if err := lockfsm.ValidateKey(key); err != nil {
+		return nil, false, fmt.Errorf("%w: %v", ErrInvalidKey, err)
+	}
+	if n.isClosed() {
+		return nil, false, ErrClosed
+	}
+	p, err := n.waitReady(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	shard := p.shardOf(key)
+	owner := sessionFor(shard)
+	if owner == nil {
+		return nil, false, ErrClosed
+	}
+	s, err := owner.shardSession(ctx, shard)
+	if err != nil {
+		if owner.Err() != nil {
+			return nil, true, nil
+		}
+		return nil, false, fmt.Errorf("lock %q: %w", key, err)
+	}
+	if err := s.awaitRelease(ctx, key); err != nil {
+		return nil, false, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)
+	}
+	if s.isLost() {
+		return nil, true, nil
+	}
+	return n.attempt(ctx, s, key, wait)
 }
 
 // attempt makes one acquire attempt in session s. retry is true when the
@@ -272,7 +293,7 @@ func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (
 	// Queued: wait for the grant (see notify.go). A token comes from this
 	// peer's own replica; a notice, or the slow re-read that covers lost
 	// notices, is checked against the replicated state.
-	poll := time.NewTicker(n.pollInterval())
+	poll := time.NewTicker(s.owner.ttl / 4)
 	defer poll.Stop()
 	for {
 		select {
@@ -303,8 +324,6 @@ func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (
 	}
 }
 
-func (n *Node) pollInterval() time.Duration { return n.cfg.SessionTTL / 4 }
-
 // abandon withdraws an acquire attempt whose caller gave up. Cancel
 // dequeues it, or releases it if it was granted meanwhile, so an abandoned
 // grant never leaks. It runs in the background, bounded by the session TTL,
@@ -321,7 +340,7 @@ func (n *Node) abandon(s *session, req uint64) bool {
 	}
 	n.goFunc(func() {
 		defer s.finish(req)
-		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
+		ctx, cancel := context.WithTimeout(n.ctx, s.owner.ttl)
 		defer cancel()
 		var err error
 		if n.hooks.dropCancels != nil && n.hooks.dropCancels() {

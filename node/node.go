@@ -54,8 +54,11 @@ type Node struct {
 	batchMu  sync.Mutex
 	batchers map[batcherKey]*batcher
 
+	// sessMu guards the live Sessions (keepalives and Close reach them
+	// here) and the default session of each shard (Node.Lock).
 	sessMu   sync.Mutex
-	sessions map[uint64]*sessionSlot
+	sessions map[*Session]struct{}
+	defaults map[uint64]*Session
 
 	waitMu  sync.Mutex
 	waiters map[waiterKey]chan uint64
@@ -99,7 +102,8 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		stop:     make(chan struct{}),
 		ready:    make(chan struct{}),
 		batchers: map[batcherKey]*batcher{},
-		sessions: map[uint64]*sessionSlot{},
+		sessions: map[*Session]struct{}{},
+		defaults: map[uint64]*Session{},
 		waiters:  map[waiterKey]chan uint64{},
 		notifyQ:  make(chan notifyJob, 4096),
 		leaders:  map[uint64]string{},

@@ -19,7 +19,11 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	p, _ := n.waitReady(ctx)
 	shard := p.shardOf("retry")
-	s, err := n.session(ctx, shard)
+	owner, err := n.defaultSession(shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := owner.shardSession(ctx, shard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,13 +78,14 @@ func TestUnlockWithUnknownOutcomeEndsTheLock(t *testing.T) {
 // not try to close itself on a cluster that is not there.
 func leaseTestNode(clock Clock) *Node {
 	cfg := Config{SessionTTL: time.Second, LeaseMargin: 100 * time.Millisecond, Clock: clock}
-	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler), sessions: map[uint64]*sessionSlot{}, stop: make(chan struct{})}
+	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler), sessions: map[*Session]struct{}{}, defaults: map[uint64]*Session{}, stop: make(chan struct{})}
 	n.closed.Store(true)
 	return n
 }
 
 func leaseTestSession(n *Node) *session {
-	s := &session{n: n, shard: 2, id: 7, nextReq: 1, pending: map[uint64]struct{}{},
+	owner := &Session{n: n, ttl: n.cfg.SessionTTL, shards: map[uint64]*sessionSlot{}, done: make(chan struct{})}
+	s := &session{n: n, owner: owner, shard: 2, id: 7, nextReq: 1, pending: map[uint64]struct{}{},
 		locks: map[uint64]*Lock{}, releasing: map[string]chan struct{}{}, lost: make(chan struct{})}
 	s.mu.Lock()
 	s.extendLocked(n.now())

@@ -1,0 +1,167 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// keysOnShards returns one key on each of two different shards.
+func keysOnShards(t *testing.T, n *Node) (string, string) {
+	t.Helper()
+	p := n.placement.Load()
+	first := "k-0"
+	for i := 1; i < 1000; i++ {
+		if k := fmt.Sprintf("k-%d", i); p.shardOf(k) != p.shardOf(first) {
+			return first, k
+		}
+	}
+	t.Fatal("no two keys on different shards")
+	return "", ""
+}
+
+// A Session's locks on different shards end together: Close releases them
+// all on the cluster and closes each lock's Done with ErrSessionClosed.
+func TestSessionCloseReleasesAcrossShards(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 4})
+	n, other := peers[0].node, peers[1].node
+	a, b := keysOnShards(t, n)
+	s, err := n.NewSession(ctxT(t, 5*time.Second), WithTTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, err := s.Lock(ctxT(t, 10*time.Second), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := s.TryLock(ctxT(t, 10*time.Second), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.TryLock(ctxT(t, 10*time.Second), a); !errors.Is(err, ErrLocked) {
+		t.Fatalf("TryLock of a key the session holds: %v", err)
+	}
+	if err := s.Close(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*Lock{la, lb} {
+		select {
+		case <-l.Done():
+		default:
+			t.Fatalf("%s: Done open after the session closed", l.Key())
+		}
+		if !errors.Is(l.Err(), ErrSessionClosed) {
+			t.Fatalf("%s: Err = %v, want ErrSessionClosed", l.Key(), l.Err())
+		}
+	}
+	if !errors.Is(s.Err(), ErrSessionClosed) {
+		t.Fatalf("session Err = %v", s.Err())
+	}
+	// Both keys are free at once, not after the TTL.
+	for _, k := range []string{a, b} {
+		l, err := other.TryLock(ctxT(t, 10*time.Second), k)
+		if err != nil {
+			t.Fatalf("TryLock %s after Close: %v", k, err)
+		}
+		if err := l.Unlock(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Lock(ctxT(t, 5*time.Second), a); !errors.Is(err, ErrSessionClosed) {
+		t.Fatalf("Lock on a closed session: %v", err)
+	}
+	if err := s.Close(ctxT(t, 5*time.Second)); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// An orphaned session keeps its locks until its TTL runs out: no keepalive
+// and no close, as after a crash. Then every lock of the session reports
+// ErrLeaseExpired, and the cluster hands the keys on. Its own TTL, not the
+// node's, decides when.
+func TestSessionOrphanLetsTheTTLRunOut(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 4, ttl: 10 * time.Second})
+	n, other := peers[0].node, peers[1].node
+	a, b := keysOnShards(t, n)
+	const ttl = 3 * time.Second // above twice the LeaseMargin of a 10s node TTL
+	s, err := n.NewSession(ctxT(t, 5*time.Second), WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var locks []*Lock
+	for _, k := range []string{a, b} {
+		l, err := s.Lock(ctxT(t, 10*time.Second), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, l)
+	}
+	orphaned := time.Now()
+	s.Orphan()
+	if _, err := other.TryLock(ctxT(t, 10*time.Second), a); !errors.Is(err, ErrLocked) {
+		t.Fatalf("TryLock right after Orphan: %v, want ErrLocked", err)
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(5 * ttl):
+		t.Fatal("an orphaned session's Done stayed open past its TTL")
+	}
+	for _, l := range locks {
+		if !errors.Is(l.Err(), ErrLeaseExpired) {
+			t.Fatalf("%s: Err = %v, want ErrLeaseExpired", l.Key(), l.Err())
+		}
+	}
+	// The cluster frees the keys after the session's TTL (and a new
+	// leader's grace at most), before the node's 10s TTL.
+	for _, k := range []string{a, b} {
+		l, err := other.Lock(ctxT(t, 9*time.Second), k)
+		if err != nil {
+			t.Fatalf("Lock %s after the orphaned session's TTL: %v (%v after Orphan)", k, err, time.Since(orphaned))
+		}
+		if d := time.Since(orphaned); d >= 10*time.Second {
+			t.Fatalf("%s freed %v after Orphan: the node's TTL decided, not the session's", k, d)
+		}
+		_ = l.Unlock(ctxT(t, 10*time.Second))
+	}
+}
+
+// The node's default sessions are one per shard: a loss on one shard does
+// not end locks on another, and the next Lock there starts a new session.
+func TestDefaultSessionsArePerShard(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 4})
+	n := peers[0].node
+	a, b := keysOnShards(t, n)
+	la, err := n.Lock(ctxT(t, 10*time.Second), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := n.Lock(ctxT(t, 10*time.Second), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la.s.lose(fmt.Errorf("%w: lost by the test", ErrLeaseExpired))
+	if !errors.Is(la.Err(), ErrLeaseExpired) {
+		t.Fatalf("lock on the lost shard: %v", la.Err())
+	}
+	if err := lb.Err(); err != nil {
+		t.Fatalf("lock on the other shard ended with it: %v", err)
+	}
+	l, err := n.Lock(ctxT(t, 10*time.Second), a)
+	if err != nil {
+		t.Fatalf("Lock after the default session was lost: %v", err)
+	}
+	if l.s.owner == la.s.owner {
+		t.Fatal("the lost default session was reused")
+	}
+	_ = l.Unlock(ctxT(t, 10*time.Second))
+	_ = lb.Unlock(ctxT(t, 10*time.Second))
+}
+
+func TestNewSessionRefusesABadTTL(t *testing.T) {
+	n := leaseTestNode(&faultClock{})
+	n.cfg.RTT = 10 * time.Millisecond
+	if _, err := n.NewSession(ctxT(t, time.Second), WithTTL(100*time.Millisecond)); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("TTL below 40 RTT: %v", err)
+	}
+}
