@@ -8,6 +8,7 @@ import (
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -117,7 +118,7 @@ type metaSM struct {
 }
 
 func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
-	p, err := decodePlacement(e.Cmd)
+	p, err := layout.Decode(e.Cmd)
 	if err != nil {
 		return sm.Result{Value: 0, Data: []byte(err.Error())}, nil
 	}

@@ -140,7 +140,7 @@ func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveR
 	}
 	if leaderID != self {
 		hint := "?" // not empty: an empty Leader means "acknowledged"
-		if pe, ok := p.peerByReplica(leaderID); ok {
+		if pe, ok := p.PeerByReplica(leaderID); ok {
 			hint = pe.Name
 		}
 		return keepAliveResp{Leader: hint}, nil
@@ -423,7 +423,7 @@ func (n *Node) otherReplica(shard uint64, avoid string, attempt int) string {
 		return ""
 	}
 	var hosts []string
-	for _, h := range p.hostNames(shard) {
+	for _, h := range p.HostNames(shard) {
 		if h != avoid {
 			hosts = append(hosts, h)
 		}
@@ -444,14 +444,14 @@ func (n *Node) leaderGuess(shard uint64) string {
 	}
 	if n.hostsShard(shard) {
 		if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
-			if pe, ok := p.peerByReplica(id); ok {
+			if pe, ok := p.PeerByReplica(id); ok {
 				return pe.Name
 			}
 		}
 	}
 	// A hint from an answer: only while the layout still has the named
 	// peer hosting the shard (it may have left since).
-	if name := n.leader(shard); name != "" && p.hosts(shard, name) {
+	if name := n.leader(shard); name != "" && p.Hosts(shard, name) {
 		return name
 	}
 	return ""

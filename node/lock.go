@@ -217,7 +217,7 @@ func (n *Node) acquire(ctx context.Context, key string, wait bool) (*Lock, error
 	if err != nil {
 		return nil, err
 	}
-	shard := p.shardOf(key)
+	shard := p.ShardOf(key)
 	for {
 		s, err := n.session(ctx, shard)
 		if err != nil {

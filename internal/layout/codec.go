@@ -1,0 +1,50 @@
+package layout
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// version is the first byte of an encoded layout. Data dirs and meta-shard
+// logs hold layouts encoded with it, so it stays 1 for as long as Decode
+// reads them.
+const version = 1
+
+// maxEncodedSize bounds the layout Decode accepts, as node bounds every
+// RPC body.
+const maxEncodedSize = 4 << 20
+
+// Encode returns p as stored in the meta shard and the data dir: the
+// version byte, then p in msgpack under its field tags. Encode does not
+// validate p.
+func Encode(p *Placement) ([]byte, error) {
+	b, err := msgpack.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("placement: %w", err)
+	}
+	return append([]byte{version}, b...), nil
+}
+
+// Decode reads a layout written by Encode and returns it only if it is
+// valid: an unknown version byte, more than 4 MiB, bytes that are not a
+// layout, or a layout that fails validation (no cluster id, shards out of
+// range, no peers, a shard without replicas or with a replica on an
+// unlisted peer or under an id not given out yet) is an error.
+func Decode(b []byte) (*Placement, error) {
+	if len(b) == 0 || b[0] != version {
+		return nil, errors.New("placement: unknown version")
+	}
+	if len(b) > maxEncodedSize {
+		return nil, fmt.Errorf("placement: %d bytes is too large", len(b))
+	}
+	p := &Placement{}
+	if err := msgpack.Unmarshal(b[1:], p); err != nil {
+		return nil, fmt.Errorf("placement: %w", err)
+	}
+	if err := p.validate(); err != nil {
+		return nil, fmt.Errorf("placement: %w", err)
+	}
+	return p, nil
+}
