@@ -3,6 +3,8 @@ package layout
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -17,14 +19,52 @@ const version = 1
 const maxEncodedSize = 4 << 20
 
 // Encode returns p as stored in the meta shard and the data dir: the
-// version byte, then p in msgpack under its field tags. Encode does not
-// validate p.
+// version byte, then p in msgpack under its field tags. The encoding is
+// canonical (the replica map sorted by shard), so equal layouts encode to
+// equal bytes on every peer. Encode does not validate p.
 func Encode(p *Placement) ([]byte, error) {
-	b, err := msgpack.Marshal(p)
+	b, err := msgpack.Marshal(wire{
+		Epoch: p.Epoch, ClusterID: p.ClusterID, Shards: p.Shards, RF: p.RF, Peers: p.Peers,
+		Replicas: sortedReplicas(p.Replicas), NextReplicaID: p.NextReplicaID,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("placement: %w", err)
 	}
 	return append([]byte{version}, b...), nil
+}
+
+// wire is a Placement as Encode writes it: the same fields in the same
+// order under the same tags, so that it encodes as the Placement struct
+// itself does (which Decode reads), except that the replica map is sorted.
+// msgpack's SetSortMapKeys sorts only string keys.
+type wire struct {
+	Epoch         uint64         `msgpack:"e"`
+	ClusterID     uint64         `msgpack:"c"`
+	Shards        int            `msgpack:"s"`
+	RF            int            `msgpack:"f"`
+	Peers         []Peer         `msgpack:"p"`
+	Replicas      sortedReplicas `msgpack:"x"`
+	NextReplicaID uint64         `msgpack:"n"`
+}
+
+// sortedReplicas encodes as msgpack encodes a map[uint64][]Replica, with
+// the keys in increasing order.
+type sortedReplicas map[uint64][]Replica
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (m sortedReplicas) EncodeMsgpack(e *msgpack.Encoder) error {
+	if err := e.EncodeMapLen(len(m)); err != nil {
+		return err
+	}
+	for _, shard := range slices.Sorted(maps.Keys(m)) {
+		if err := e.EncodeUint64(shard); err != nil {
+			return err
+		}
+		if err := e.Encode(m[shard]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Decode reads a layout written by Encode and returns it only if it is

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"encoding/hex"
 	"fmt"
 	"reflect"
@@ -39,7 +40,8 @@ func mustHex(t testing.TB, s string) []byte {
 	return b
 }
 
-// A layout written before this package decodes to what it held.
+// A layout written before this package decodes to what it held, and
+// encodes back to the same bytes.
 func TestDecodeGoldenV1(t *testing.T) {
 	golden := mustHex(t, goldenV1)
 	p, err := Decode(golden)
@@ -48,6 +50,13 @@ func TestDecodeGoldenV1(t *testing.T) {
 	}
 	if want := goldenLayout(); !reflect.DeepEqual(p, want) {
 		t.Fatalf("Decode(golden v1) =\n%+v\nwant\n%+v", p, want)
+	}
+	b, err := Encode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, golden) {
+		t.Fatalf("Encode(old layout) =\n%x\nwant the bytes it was decoded from\n%x", b, golden)
 	}
 }
 
@@ -80,6 +89,20 @@ func TestNewMatchesV1(t *testing.T) {
 	}
 }
 
+// wire must stay Placement's twin: same fields, order and tags.
+func TestWireMatchesPlacement(t *testing.T) {
+	pt, wt := reflect.TypeFor[Placement](), reflect.TypeFor[wire]()
+	if pt.NumField() != wt.NumField() {
+		t.Fatalf("Placement has %d fields, wire %d", pt.NumField(), wt.NumField())
+	}
+	for i := range pt.NumField() {
+		pf, wf := pt.Field(i), wt.Field(i)
+		if pf.Name != wf.Name || pf.Tag != wf.Tag || pf.Type.Kind() != wf.Type.Kind() {
+			t.Errorf("field %d: Placement has %s %s %q, wire %s %s %q", i, pf.Name, pf.Type, pf.Tag, wf.Name, wf.Type, wf.Tag)
+		}
+	}
+}
+
 func TestCodecRoundTrip(t *testing.T) {
 	peers, _, _ := testPeers(4)
 	for _, p := range []*Placement{
@@ -106,6 +129,12 @@ func TestCodecRoundTrip(t *testing.T) {
 		}
 		if !reflect.DeepEqual(p, q) {
 			t.Fatalf("round trip changed the layout:\n%+v\n%+v", p, q)
+		}
+		// Canonical: the same layout always encodes to the same bytes.
+		for range 20 {
+			if c, _ := Encode(q.Clone()); !bytes.Equal(c, b) {
+				t.Fatalf("two encodings of one layout differ:\n%x\n%x", b, c)
+			}
 		}
 	}
 }
