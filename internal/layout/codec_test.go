@@ -161,6 +161,13 @@ func TestDecodeRefuses(t *testing.T) {
 		{"too large", append([]byte{1}, make([]byte, maxEncodedSize)...), "too large"},
 		{"not msgpack", []byte{1, 0xc1}, "placement:"},
 		{"truncated", golden[:len(golden)/2], "placement:"},
+		// msgpack would allocate for these claims before reading on.
+		{"4G peers in 4 bytes", []byte{1, 0x81, 0xa1, 'p', 0xdd, 0xff, 0xff, 0xff, 0xff}, "claims 4294967295 elements in 0 bytes"},
+		{"1M replicas in 4 bytes", []byte{1, 0x81, 0xa1, 'x', 0x81, 0x01, 0xdd, 0x00, 0x10, 0x00, 0x00, 0xc0, 0xc0, 0xc0, 0xc0}, "claims 1048576 elements in 4 bytes"},
+		{"4G map entries", []byte{1, 0xdf, 0xff, 0xff, 0xff, 0xff}, "claims 8589934590 elements"},
+		{"a 4 GiB string", []byte{1, 0x81, 0xa1, 'p', 0x91, 0x81, 0xa1, 'n', 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'}, "truncated"},
+		{"nested 1000 deep", append(append([]byte{1, 0x81, 0xa1, 'z'}, bytes.Repeat([]byte{0x91}, 1000)...), 0xc0), "nest deeper than 32"},
+		{"unused code", []byte{1, 0x81, 0xa1, 'e', 0xc1}, "invalid msgpack code 0xc1"},
 		{"no cluster id", encode(func(p *Placement) { p.ClusterID = 0 }), "no cluster id"},
 		{"no shards", encode(func(p *Placement) { p.Shards = 0 }), "0 shards"},
 		{"too many shards", encode(func(p *Placement) { p.Shards = 4097 }), "4097 shards"},
@@ -181,4 +188,45 @@ func TestDecodeRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Decoding arbitrary bytes never panics; whatever decodes is valid and
+// survives a round trip unchanged.
+func FuzzDecode(f *testing.F) {
+	golden := mustHex(f, goldenV1)
+	f.Add(golden)
+	peers, _, _ := testPeers(3)
+	b, _ := Encode(New(3, 4, 2, peers))
+	f.Add(b)
+	f.Add([]byte{})
+	f.Add([]byte{1})
+	f.Add([]byte{1, 0x80})
+	f.Add([]byte{1, 0xdf, 0xff, 0xff, 0xff, 0xff})                  // map claiming 4G entries
+	f.Add([]byte{1, 0x81, 0xa1, 'p', 0xdd, 0xff, 0xff, 0xff, 0xff}) // peers claiming 4G entries
+	f.Add(golden[:40])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := Decode(b)
+		if err != nil {
+			return
+		}
+		if err := p.validate(); err != nil {
+			t.Fatalf("Decode returned an invalid layout: %v", err)
+		}
+		for _, key := range []string{"", "k", "{t}k"} {
+			if s := p.ShardOf(key); s < FirstLockShard || s >= FirstLockShard+uint64(p.Shards) {
+				t.Fatalf("ShardOf(%q) = %d on a decoded layout of %d shards", key, s, p.Shards)
+			}
+		}
+		enc, err := Encode(p)
+		if err != nil {
+			t.Fatalf("Encode(decoded layout): %v", err)
+		}
+		q, err := Decode(enc)
+		if err != nil {
+			t.Fatalf("Decode(Encode(decoded layout)): %v", err)
+		}
+		if again, _ := Encode(q); !bytes.Equal(again, enc) {
+			t.Fatalf("round trip changed the encoding:\n%x\n%x", enc, again)
+		}
+	})
 }
