@@ -16,7 +16,7 @@ import (
 )
 
 func TestCheckIdentity(t *testing.T) {
-	p := layout.New(7, 2, 3, []layout.Peer{{Name: "a", NodeHostID: "id-a"}, {Name: "b", NodeHostID: "id-b"}, {Name: "c", NodeHostID: "id-c"}})
+	p := layout.New(7, 2, 3, layout.KeySchemeHashTag, []layout.Peer{{Name: "a", NodeHostID: "id-a"}, {Name: "b", NodeHostID: "id-b"}, {Name: "c", NodeHostID: "id-c"}})
 	for _, tc := range []struct {
 		name, hostID string
 		refused      bool

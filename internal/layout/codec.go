@@ -25,7 +25,7 @@ const maxEncodedSize = 4 << 20
 func Encode(p *Placement) ([]byte, error) {
 	b, err := msgpack.Marshal(wire{
 		Epoch: p.Epoch, ClusterID: p.ClusterID, Shards: p.Shards, RF: p.RF, Peers: p.Peers,
-		Replicas: sortedReplicas(p.Replicas), NextReplicaID: p.NextReplicaID,
+		Replicas: sortedReplicas(p.Replicas), NextReplicaID: p.NextReplicaID, KeyScheme: p.KeyScheme, Level: p.Level,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("placement: %w", err)
@@ -45,6 +45,8 @@ type wire struct {
 	Peers         []Peer         `msgpack:"p"`
 	Replicas      sortedReplicas `msgpack:"x"`
 	NextReplicaID uint64         `msgpack:"n"`
+	KeyScheme     uint8          `msgpack:"k,omitempty"`
+	Level         uint32         `msgpack:"l,omitempty"`
 }
 
 // sortedReplicas encodes as msgpack encodes a map[uint64][]Replica, with
@@ -67,11 +69,12 @@ func (m sortedReplicas) EncodeMsgpack(e *msgpack.Encoder) error {
 	return nil
 }
 
-// Decode reads a layout written by Encode and returns it only if it is
-// valid: an unknown version byte, more than 4 MiB, bytes that are not a
-// layout, or a layout that fails validation (no cluster id, shards out of
-// range, no peers, a shard without replicas or with a replica on an
-// unlisted peer or under an id not given out yet) is an error.
+// Decode reads a layout written by Encode, of this version or an earlier
+// one, and returns it only if it is valid: an unknown version byte, more
+// than 4 MiB, bytes that are not a layout, or a layout that fails
+// validation (no cluster id, shards out of range, no peers, a key scheme
+// this version does not know, a shard without replicas or with a replica
+// on an unlisted peer or under an id not given out yet) is an error.
 // Decode never panics, whatever b holds, and allocates in proportion to
 // len(b).
 func Decode(b []byte) (*Placement, error) {

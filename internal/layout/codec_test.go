@@ -40,8 +40,8 @@ func mustHex(t testing.TB, s string) []byte {
 	return b
 }
 
-// A layout written before this package decodes to what it held, and
-// encodes back to the same bytes.
+// A layout written before KeyScheme and Level existed decodes as scheme 0,
+// level 0, and encodes back to the same bytes.
 func TestDecodeGoldenV1(t *testing.T) {
 	golden := mustHex(t, goldenV1)
 	p, err := Decode(golden)
@@ -50,6 +50,9 @@ func TestDecodeGoldenV1(t *testing.T) {
 	}
 	if want := goldenLayout(); !reflect.DeepEqual(p, want) {
 		t.Fatalf("Decode(golden v1) =\n%+v\nwant\n%+v", p, want)
+	}
+	if p.KeyScheme != KeySchemeWhole || p.Level != 0 {
+		t.Fatalf("old layout decoded with key scheme %d, level %d; want %d, 0", p.KeyScheme, p.Level, KeySchemeWhole)
 	}
 	b, err := Encode(p)
 	if err != nil {
@@ -61,7 +64,8 @@ func TestDecodeGoldenV1(t *testing.T) {
 }
 
 // New lays out a cluster exactly as the code before this package did:
-// v1Layout is what that code made of 5 peers, 16 shards and RF 3.
+// v1Layout is what that code made of 5 peers, 16 shards and RF 3. The key
+// scheme changes nothing but itself.
 func TestNewMatchesV1(t *testing.T) {
 	const v1Layout = "1:peer-2/1,peer-3/2,peer-5/3, 2:peer-1/4,peer-2/5,peer-5/6, 3:peer-2/7,peer-3/8,peer-4/9, " +
 		"4:peer-1/10,peer-2/11,peer-3/12, 5:peer-1/13,peer-3/14,peer-4/15, 6:peer-1/16,peer-4/17,peer-5/18, " +
@@ -71,21 +75,23 @@ func TestNewMatchesV1(t *testing.T) {
 		"16:peer-3/46,peer-4/47,peer-5/48, 17:peer-1/49,peer-2/50,peer-4/51, next=52 epoch=1"
 	peers, _, _ := testPeers(5)
 	slices.Reverse(peers) // New sorts them
-	p := New(42, 16, 3, peers)
-	var b strings.Builder
-	for _, s := range p.ShardIDs() {
-		fmt.Fprintf(&b, "%d:", s)
-		for _, r := range p.Replicas[s] {
-			fmt.Fprintf(&b, "%s/%d,", r.Peer, r.ID)
+	for _, scheme := range []uint8{KeySchemeWhole, KeySchemeHashTag} {
+		p := New(42, 16, 3, scheme, peers)
+		var b strings.Builder
+		for _, s := range p.ShardIDs() {
+			fmt.Fprintf(&b, "%d:", s)
+			for _, r := range p.Replicas[s] {
+				fmt.Fprintf(&b, "%s/%d,", r.Peer, r.ID)
+			}
+			b.WriteString(" ")
 		}
-		b.WriteString(" ")
-	}
-	fmt.Fprintf(&b, "next=%d epoch=%d", p.NextReplicaID, p.Epoch)
-	if got := b.String(); got != v1Layout {
-		t.Errorf("New(5 peers, 16 shards, RF 3) =\n%s\nwant\n%s", got, v1Layout)
-	}
-	if p.ClusterID != 42 || p.Shards != 16 || p.RF != 3 || !slices.IsSortedFunc(p.Peers, func(a, b Peer) int { return strings.Compare(a.Name, b.Name) }) {
-		t.Errorf("New made %+v", p)
+		fmt.Fprintf(&b, "next=%d epoch=%d", p.NextReplicaID, p.Epoch)
+		if got := b.String(); got != v1Layout {
+			t.Errorf("scheme %d: New(5 peers, 16 shards, RF 3) =\n%s\nwant\n%s", scheme, got, v1Layout)
+		}
+		if p.KeyScheme != scheme || p.ClusterID != 42 || p.Shards != 16 || p.RF != 3 || !slices.IsSortedFunc(p.Peers, func(a, b Peer) int { return strings.Compare(a.Name, b.Name) }) {
+			t.Errorf("scheme %d: New made %+v", scheme, p)
+		}
 	}
 }
 
@@ -107,10 +113,11 @@ func TestCodecRoundTrip(t *testing.T) {
 	peers, _, _ := testPeers(4)
 	for _, p := range []*Placement{
 		goldenLayout(),
-		New(9, 1, 1, peers[:1]),
-		New(9, 16, 3, peers),
+		New(9, 1, 1, KeySchemeWhole, peers[:1]),
+		New(9, 16, 3, KeySchemeHashTag, peers),
 		func() *Placement {
-			p := New(9, 4, 3, peers)
+			p := New(9, 4, 3, KeySchemeHashTag, peers)
+			p.Level = 3
 			p.Peers[1].Draining = true
 			p.AddReplica(3, "peer-4")
 			return p
@@ -135,6 +142,23 @@ func TestCodecRoundTrip(t *testing.T) {
 			if c, _ := Encode(q.Clone()); !bytes.Equal(c, b) {
 				t.Fatalf("two encodings of one layout differ:\n%x\n%x", b, c)
 			}
+		}
+	}
+}
+
+// The new fields are written only when set, under their own tags.
+func TestEncodeNewFields(t *testing.T) {
+	p := goldenLayout()
+	p.KeyScheme, p.Level = KeySchemeHashTag, 2
+	b, err := Encode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// fixstr "k" then uint8 1; fixstr "l" then uint32 2, after the
+	// fields of the golden layout, in a map of 9 fields instead of 7.
+	for _, want := range []string{"0189", "a16bcc01a16cce00000002"} {
+		if !strings.Contains(hex.EncodeToString(b), want) {
+			t.Errorf("encoding %x lacks %s", b, want)
 		}
 	}
 }
@@ -172,6 +196,8 @@ func TestDecodeRefuses(t *testing.T) {
 		{"no shards", encode(func(p *Placement) { p.Shards = 0 }), "0 shards"},
 		{"too many shards", encode(func(p *Placement) { p.Shards = 4097 }), "4097 shards"},
 		{"no peers", encode(func(p *Placement) { p.Peers = nil }), "no peers"},
+		{"unknown key scheme", encode(func(p *Placement) { p.KeyScheme = 2 }), "key scheme 2, which this version does not know"},
+		{"last key scheme", encode(func(p *Placement) { p.KeyScheme = 255 }), "key scheme 255"},
 		{"shard without replicas", encode(func(p *Placement) { delete(p.Replicas, 3) }), "no replica for shard 3"},
 		{"meta shard without replicas", encode(func(p *Placement) { p.Replicas[1] = nil }), "no replica for shard 1"},
 		{"unknown peer", encode(func(p *Placement) { p.Replicas[2][0].Peer = "z" }), `shard 2 names unknown peer "z"`},
@@ -196,8 +222,10 @@ func FuzzDecode(f *testing.F) {
 	golden := mustHex(f, goldenV1)
 	f.Add(golden)
 	peers, _, _ := testPeers(3)
-	b, _ := Encode(New(3, 4, 2, peers))
-	f.Add(b)
+	for _, scheme := range []uint8{KeySchemeWhole, KeySchemeHashTag, 7} {
+		b, _ := Encode(New(3, 4, 2, scheme, peers))
+		f.Add(b)
+	}
 	f.Add([]byte{})
 	f.Add([]byte{1})
 	f.Add([]byte{1, 0x80})

@@ -41,7 +41,8 @@ type Replica struct {
 	Join bool `msgpack:"j,omitempty"`
 }
 
-// Placement is the cluster's layout: which peers host which shards. It is agreed at bootstrap, replicated in the
+// Placement is the cluster's layout: which peers host which shards, and
+// how keys map to shards. It is agreed at bootstrap, replicated in the
 // meta shard and cached in the data dir so a restarted peer knows which
 // replicas to start. Its msgpack field tags are its wire format: they
 // never change, and a new field is added with omitempty so that layouts
@@ -54,15 +55,23 @@ type Placement struct {
 	Peers         []Peer               `msgpack:"p"` // sorted by Name
 	Replicas      map[uint64][]Replica `msgpack:"x"` // shard id -> replicas, sorted by peer
 	NextReplicaID uint64               `msgpack:"n"`
+	// KeyScheme is the rule that maps a key to its shard (KeySchemeWhole
+	// or KeySchemeHashTag), fixed when the cluster is created: keys never
+	// move between shards. Layouts written before it existed decode as
+	// KeySchemeWhole, their rule.
+	KeyScheme uint8 `msgpack:"k,omitempty"`
+	// Level is the cluster's feature level; 0 reads as 1.
+	Level uint32 `msgpack:"l,omitempty"`
 }
 
 // New lays out shards lock shards and the meta shard over peers for a new
 // cluster: rf replicas each (all peers if fewer), chosen by rendezvous
-// hashing, with replica ids from 1, at epoch 1. The result lists peers sorted by name whatever their order
+// hashing, with replica ids from 1, at epoch 1. Keys map to shards by
+// keyScheme. The result lists peers sorted by name whatever their order
 // in peers, and depends on nothing else than the arguments.
-func New(clusterID uint64, shards, rf int, peers []Peer) *Placement {
+func New(clusterID uint64, shards, rf int, keyScheme uint8, peers []Peer) *Placement {
 	p := &Placement{
-		Epoch: 1, ClusterID: clusterID, Shards: shards, RF: rf,
+		Epoch: 1, ClusterID: clusterID, Shards: shards, RF: rf, KeyScheme: keyScheme,
 		Peers: slices.Clone(peers), Replicas: map[uint64][]Replica{}, NextReplicaID: 1,
 	}
 	slices.SortFunc(p.Peers, func(a, b Peer) int { return cmp.Compare(a.Name, b.Name) })
@@ -237,7 +246,7 @@ func (p *Placement) Next() *Placement {
 }
 
 // validate checks what every peer relies on: a cluster id, a shard count
-// in range, and every shard with at least
+// in range, a key scheme this version knows, and every shard with at least
 // one replica on a listed peer under an id already given out.
 func (p *Placement) validate() error {
 	switch {
@@ -247,6 +256,11 @@ func (p *Placement) validate() error {
 		return fmt.Errorf("placement has %d shards", p.Shards)
 	case len(p.Peers) == 0:
 		return errors.New("placement has no peers")
+	case p.KeyScheme > KeySchemeHashTag:
+		// A peer that routed keys by another rule than the cluster's
+		// would send a key to a second shard: two holders at once.
+		return fmt.Errorf("placement has key scheme %d, which this version does not know (it knows %d, whole key, and %d, hash tags): "+
+			"upgrade this peer to a version that knows it", p.KeyScheme, KeySchemeWhole, KeySchemeHashTag)
 	}
 	for _, id := range p.ShardIDs() {
 		if len(p.Replicas[id]) == 0 {

@@ -1,7 +1,6 @@
 package layout
 
 import (
-	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -20,12 +19,12 @@ func TestNew(t *testing.T) {
 	} {
 		in := slices.Clone(peers[:c.peers])
 		slices.Reverse(in)
-		p := New(7, c.shards, c.rf, in)
+		p := New(7, c.shards, c.rf, KeySchemeHashTag, in)
 		if err := p.validate(); err != nil {
 			t.Fatalf("New(%d shards, RF %d, %d peers) is invalid: %v", c.shards, c.rf, c.peers, err)
 		}
-		if p.Epoch != 1 || p.ClusterID != 7 {
-			t.Fatalf("New: epoch %d cluster %d", p.Epoch, p.ClusterID)
+		if p.Epoch != 1 || p.ClusterID != 7 || p.KeyScheme != KeySchemeHashTag || p.Level != 0 {
+			t.Fatalf("New: epoch %d cluster %d scheme %d level %d", p.Epoch, p.ClusterID, p.KeyScheme, p.Level)
 		}
 		if got := p.HostNames(MetaShard); len(got) != c.wantRF {
 			t.Fatalf("meta shard on %v, want %d peers", got, c.wantRF)
@@ -59,14 +58,15 @@ func TestNew(t *testing.T) {
 	}
 }
 
-// Next is a deep copy one epoch on; changing it leaves the original
-// alone.
+// Next is a deep copy one epoch on, carrying every field, the new ones
+// included; changing it leaves the original alone.
 func TestNextCopiesDeeply(t *testing.T) {
 	p := goldenLayout()
-	before := describe(p) + fmt.Sprint(p.Peers)
+	p.KeyScheme, p.Level = KeySchemeHashTag, 4
+	before, _ := Encode(p)
 	q := p.Next()
-	if q.Epoch != p.Epoch+1 {
-		t.Fatalf("Next: epoch %d", q.Epoch)
+	if q.Epoch != p.Epoch+1 || q.KeyScheme != KeySchemeHashTag || q.Level != 4 {
+		t.Fatalf("Next: epoch %d scheme %d level %d", q.Epoch, q.KeyScheme, q.Level)
 	}
 	if c := p.Clone(); !reflect.DeepEqual(c, p) {
 		t.Fatalf("Clone differs: %+v", c)
@@ -75,7 +75,7 @@ func TestNextCopiesDeeply(t *testing.T) {
 	q.Replicas[2][0].Peer = "z"
 	q.AddReplica(3, "b")
 	q.AddPeer(Peer{Name: "0"})
-	if after := describe(p) + fmt.Sprint(p.Peers); after != before {
+	if after, _ := Encode(p); string(after) != string(before) {
 		t.Fatal("changing the copy changed the original")
 	}
 }
@@ -152,7 +152,7 @@ func TestCheckIdentity(t *testing.T) {
 
 func TestReplicaFloor(t *testing.T) {
 	peers, _, _ := testPeers(5)
-	p := New(1, 4, 3, peers)
+	p := New(1, 4, 3, KeySchemeHashTag, peers)
 	p.Peers[0].Draining = true
 	for _, c := range []struct {
 		alive []string
@@ -227,7 +227,7 @@ func TestPlanMove(t *testing.T) {
 
 func TestDesired(t *testing.T) {
 	peers, names, _ := testPeers(5)
-	p := New(1, 16, 3, peers)
+	p := New(1, 16, 3, KeySchemeHashTag, peers)
 	for _, c := range []struct {
 		name     string
 		eligible []string

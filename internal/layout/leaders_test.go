@@ -117,7 +117,7 @@ func TestPlanLeaderMove(t *testing.T) {
 // and every move hands leadership to a replica of the shard.
 func TestPlanLeaderMoveConverges(t *testing.T) {
 	peers, names, _ := testPeers(5)
-	p := New(1, 16, 3, peers)
+	p := New(1, 16, 3, KeySchemeHashTag, peers)
 	for turn := range 5 {
 		leaders := map[uint64]uint64{}
 		for _, shard := range p.ShardIDs() {

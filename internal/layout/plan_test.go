@@ -85,7 +85,7 @@ func TestPlanKeepsReplicationFactorWhileDraining(t *testing.T) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%d-peers-rf%d-%d-draining", c.peers, c.rf, c.draining), func(t *testing.T) {
 			peers, names, alive := testPeers(c.peers)
-			p := New(1, 16, c.rf, peers)
+			p := New(1, 16, c.rf, KeySchemeHashTag, peers)
 			for i := range c.draining {
 				p.Peers[i].Draining = true
 			}
@@ -113,7 +113,7 @@ func TestPlanKeepsReplicationFactorWhileDraining(t *testing.T) {
 // replaced where another peer can take them).
 func TestPlanReplacesDeadPeer(t *testing.T) {
 	peers, names, alive := testPeers(3)
-	p := New(1, 8, 3, peers)
+	p := New(1, 8, 3, KeySchemeHashTag, peers)
 	delete(alive, "peer-1") // dead past DeadAfter: no longer eligible
 	p = settle(t, p, names[1:], alive)
 	if n := p.ReplicaCount("peer-1"); n != 0 {
@@ -130,7 +130,7 @@ func TestPlanReplacesDeadPeer(t *testing.T) {
 // takes its share.
 func TestPlanBalancesNewPeer(t *testing.T) {
 	peers, names, alive := testPeers(5)
-	p := New(1, 16, 3, peers[:3])
+	p := New(1, 16, 3, KeySchemeHashTag, peers[:3])
 	p.Peers = peers
 	p = settle(t, p, names, alive)
 	lo, hi := 1<<30, 0
