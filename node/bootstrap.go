@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -82,7 +83,7 @@ func (n *Node) fetchPlacement(m mesh.Member) error {
 	if err != nil {
 		return fmt.Errorf("get layout from %s: %w", m.Name, err)
 	}
-	p, err := decodePlacement(raw)
+	p, err := layout.Decode(raw)
 	if err != nil {
 		return err
 	}
@@ -90,15 +91,15 @@ func (n *Node) fetchPlacement(m mesh.Member) error {
 }
 
 func (n *Node) coordinate(members []mesh.Member) error {
-	peers := make([]peerEntry, len(members))
+	peers := make([]layout.Peer, len(members))
 	for i, m := range members {
-		peers[i] = peerEntry{Name: m.Name, NodeHostID: m.Meta.NodeHostID}
+		peers[i] = layout.Peer{Name: m.Name, NodeHostID: m.Meta.NodeHostID}
 	}
 	var idb [8]byte
 	_, _ = rand.Read(idb[:])
 	cid := binary.BigEndian.Uint64(idb[:]) | 1
-	p := newPlacement(cid, n.cfg.Shards, n.cfg.ReplicationFactor, peers)
-	raw, err := encodePlacement(p)
+	p := layout.New(cid, n.cfg.Shards, n.cfg.ReplicationFactor, layout.KeySchemeHashTag, peers)
+	raw, err := layout.Encode(p)
 	if err != nil {
 		return err
 	}
@@ -157,11 +158,11 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 		n.bootMu.Unlock()
 		return nil, nil
 	}
-	p, err := decodePlacement(body)
+	p, err := layout.Decode(body)
 	if err != nil {
 		return nil, err
 	}
-	if self, ok := p.peer(n.cfg.Name); !ok || self.NodeHostID != n.nh.ID() {
+	if self, ok := p.Peer(n.cfg.Name); !ok || self.NodeHostID != n.nh.ID() {
 		return nil, rpcError(codeRejected, "plan does not list peer %s with NodeHostID %s", n.cfg.Name, n.nh.ID())
 	}
 	if method == methodPrepare {
@@ -183,7 +184,7 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 }
 
 // commitPlan adopts p unless this peer already has a layout.
-func (n *Node) commitPlan(p *placement) error {
+func (n *Node) commitPlan(p *layout.Placement) error {
 	n.bootMu.Lock()
 	defer n.bootMu.Unlock()
 	if cur := n.placement.Load(); cur != nil {
@@ -194,7 +195,7 @@ func (n *Node) commitPlan(p *placement) error {
 	}
 	n.promise = nil
 	if err := n.adopt(p); err != nil {
-		var ie *identityError
+		var ie *layout.IdentityError
 		if errors.As(err, &ie) {
 			n.refuseLayout(ie)
 		}
@@ -217,7 +218,7 @@ func (n *Node) commitPlan(p *placement) error {
 // loop keeps asking for the layout: once the cluster has replaced the old
 // identity and forgotten the name, the layout no longer lists it and the
 // peer is admitted as a new one, with new replica ids.
-func (n *Node) refuseLayout(ie *identityError) {
+func (n *Node) refuseLayout(ie *layout.IdentityError) {
 	if old := n.refusal.Swap(ie); old == nil || *old != *ie {
 		n.log.Error("refusing the cluster layout", "err", ie)
 	}
@@ -244,8 +245,8 @@ func (n *Node) baseMeta() mesh.Meta {
 // publishPlacement writes p into the meta shard (a no-op if a placement of
 // the same or a later epoch is there), retrying until it lands or the node
 // closes.
-func (n *Node) publishPlacement(p *placement) {
-	raw, err := encodePlacement(p)
+func (n *Node) publishPlacement(p *layout.Placement) {
+	raw, err := layout.Encode(p)
 	if err != nil {
 		return
 	}
@@ -285,7 +286,7 @@ func (n *Node) currentPlacement(ctx context.Context, linearizable bool) ([]byte,
 	if n.hostsShard(metaShardID) {
 		q, err := n.readLocalPlacement(ctx)
 		if err == nil {
-			return encodePlacement(q)
+			return layout.Encode(q)
 		}
 		if linearizable {
 			return nil, rpcError(codeBusy, "peer %s cannot read the layout from its meta replica: %v", n.cfg.Name, err)
@@ -293,15 +294,15 @@ func (n *Node) currentPlacement(ctx context.Context, linearizable bool) ([]byte,
 	} else if linearizable {
 		return nil, rpcError(codeNotHosted, "peer %s hosts no meta replica", n.cfg.Name)
 	}
-	return encodePlacement(p)
+	return layout.Encode(p)
 }
 
 // saveRecord writes the layout to the data dir atomically and durably: the
 // record is synced, renamed into place, and the directory synced so the
 // rename survives a power cut. A peer that lost its record would come back
 // with Raft data and no cluster, and could form a new one.
-func (n *Node) saveRecord(p *placement) error {
-	raw, err := encodePlacement(p)
+func (n *Node) saveRecord(p *layout.Placement) error {
+	raw, err := layout.Encode(p)
 	if err != nil {
 		return err
 	}
@@ -312,20 +313,20 @@ func (n *Node) saveRecord(p *placement) error {
 }
 
 // loadRecord reads the layout from the data dir; nil when there is none.
-func (n *Node) loadRecord() (*placement, error) {
+func (n *Node) loadRecord() (*layout.Placement, error) {
 	path := n.cfg.FS.PathJoin(n.cfg.DataDir, recordFile)
 	raw, err := n.readSmall(recordFile)
 	if raw == nil || err != nil {
 		return nil, err
 	}
-	p, err := decodePlacement(raw)
+	p, err := layout.Decode(raw)
 	if err != nil {
 		return nil, fmt.Errorf("cluster record %s is corrupt: %w", path, err)
 	}
-	if _, ok := p.peer(n.cfg.Name); !ok && len(n.cfg.Join) == 0 {
+	if _, ok := p.Peer(n.cfg.Name); !ok && len(n.cfg.Join) == 0 {
 		return nil, fmt.Errorf("cluster record %s does not list peer %q", path, n.cfg.Name)
 	}
-	if ie := p.checkIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
+	if ie := p.CheckIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
 		return nil, fmt.Errorf("cluster record %s lists peer %q with NodeHostID %s but the Raft data beside it has %s: "+
 			"part of the data dir was deleted or replaced, or it was copied; delete the whole data dir to rejoin as a new peer, or start under a new Name",
 			path, n.cfg.Name, ie.Listed, ie.Local)

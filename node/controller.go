@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -87,12 +88,13 @@ func (n *Node) controlStep() error {
 		return err
 	}
 	now := n.now()
-	alive := map[string]mesh.Member{}
+	members := map[string]mesh.Member{} // the alive ones, by name
+	alive := map[string]bool{}
 	for _, m := range n.mesh.Members() {
 		if m.State != mesh.StateAlive || m.Meta.NodeHostID == "" {
 			continue
 		}
-		if !p.sameIdentity(m) {
+		if !sameIdentity(p, m) {
 			// The name is back with another NodeHost: the listed peer's
 			// data dir was wiped, its replicas are gone with their logs,
 			// so it counts as dead and is replaced after DeadAfter. The
@@ -100,17 +102,17 @@ func (n *Node) controlStep() error {
 			n.noteIdentityChange(p, m)
 			continue
 		}
-		alive[m.Name] = m
+		members[m.Name] = m
+		alive[m.Name] = true
 	}
 
 	// 1. Admit new peers.
-	for name, m := range alive {
-		if _, ok := p.peer(name); ok || m.Meta.NoReplicas || (m.Meta.Cluster != 0 && m.Meta.Cluster != p.ClusterID) {
+	for name, m := range members {
+		if _, ok := p.Peer(name); ok || m.Meta.NoReplicas || (m.Meta.Cluster != 0 && m.Meta.Cluster != p.ClusterID) {
 			continue
 		}
-		q := p.next()
-		q.Peers = append(q.Peers, peerEntry{Name: name, NodeHostID: m.Meta.NodeHostID})
-		slices.SortFunc(q.Peers, func(a, b peerEntry) int { return cmpString(a.Name, b.Name) })
+		q := p.Next()
+		q.AddPeer(layout.Peer{Name: name, NodeHostID: m.Meta.NodeHostID})
 		n.log.Info("admitting peer", "peer", name, "epoch", q.Epoch)
 		return n.proposePlacement(ctx, q)
 	}
@@ -120,7 +122,7 @@ func (n *Node) controlStep() error {
 	eligible := []string{}
 	var forget []string
 	for _, pe := range p.Peers {
-		if _, ok := alive[pe.Name]; ok {
+		if alive[pe.Name] {
 			delete(n.ctrl.deadSince, pe.Name)
 		} else if _, ok := n.ctrl.deadSince[pe.Name]; !ok {
 			n.ctrl.deadSince[pe.Name] = now
@@ -130,7 +132,7 @@ func (n *Node) controlStep() error {
 		switch {
 		case !pe.Draining && !expired:
 			eligible = append(eligible, pe.Name)
-		case p.replicaCount(pe.Name) == 0 && (expired || (pe.Draining && dead)):
+		case p.ReplicaCount(pe.Name) == 0 && (expired || (pe.Draining && dead)):
 			// A draining peer is forgotten only once it is gone, or it
 			// would be admitted again as a new peer while it shuts down.
 			forget = append(forget, pe.Name)
@@ -138,8 +140,8 @@ func (n *Node) controlStep() error {
 	}
 	n.ctrl.mu.Unlock()
 	if len(forget) > 0 {
-		q := p.next()
-		q.Peers = slices.DeleteFunc(q.Peers, func(pe peerEntry) bool { return slices.Contains(forget, pe.Name) })
+		q := p.Next()
+		q.Peers = slices.DeleteFunc(q.Peers, func(pe layout.Peer) bool { return slices.Contains(forget, pe.Name) })
 		n.log.Info("forgetting peers", "peers", forget, "epoch", q.Epoch)
 		return n.proposePlacement(ctx, q)
 	}
@@ -148,11 +150,11 @@ func (n *Node) controlStep() error {
 	}
 
 	// 3. Move replicas toward the desired layout.
-	desired := desiredLayout(p, eligible)
-	floor := replicaFloor(p, alive)
+	desired := layout.Desired(p, eligible)
+	floor := layout.ReplicaFloor(p, alive)
 	pending := false
-	for _, shard := range p.shardIDs() {
-		add, remove := planMove(p, shard, desired[shard], alive, floor)
+	for _, shard := range p.ShardIDs() {
+		add, remove := layout.PlanMove(p, shard, desired[shard], alive, floor)
 		if add == "" && remove == nil {
 			continue
 		}
@@ -191,7 +193,7 @@ func (n *Node) controlStep() error {
 	}
 	n.ctrl.mu.Unlock()
 	if sweep {
-		for _, shard := range p.shardIDs() {
+		for _, shard := range p.ShardIDs() {
 			if changed, err := n.reconcile(ctx, p, shard); changed || err != nil {
 				return err
 			}
@@ -201,7 +203,7 @@ func (n *Node) controlStep() error {
 	// dead replica stalls the shard's proposals for an election timeout.
 	var up []string
 	for _, name := range eligible {
-		if _, ok := alive[name]; ok {
+		if alive[name] {
 			up = append(up, name)
 		}
 	}
@@ -216,8 +218,8 @@ func (n *Node) controlStep() error {
 
 // noteIdentityChange logs, once per NodeHostID, that gossip member m
 // carries a listed name with another NodeHostID than the layout p.
-func (n *Node) noteIdentityChange(p *placement, m mesh.Member) {
-	pe, _ := p.peer(m.Name)
+func (n *Node) noteIdentityChange(p *layout.Placement, m mesh.Member) {
+	pe, _ := p.Peer(m.Name)
 	n.ctrl.mu.Lock()
 	seen := n.ctrl.newIdentity[m.Name] == m.Meta.NodeHostID
 	n.ctrl.newIdentity[m.Name] = m.Meta.NodeHostID
@@ -228,161 +230,8 @@ func (n *Node) noteIdentityChange(p *placement, m mesh.Member) {
 	}
 }
 
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-// replicaCount is the number of replicas name hosts.
-func (p *placement) replicaCount(name string) int {
-	c := 0
-	for _, rs := range p.Replicas {
-		for _, r := range rs {
-			if r.Peer == name {
-				c++
-			}
-		}
-	}
-	return c
-}
-
-// desiredLayout spreads RF replicas of every shard over the eligible peers
-// with as few moves as possible: it keeps the current replicas on eligible
-// peers, fills missing ones on the least loaded peers (rendezvous order
-// breaking ties), trims extras from the most loaded, then moves replicas
-// from the most to the least loaded peer until counts differ by at most
-// one. Deterministic for the same layout and peers.
-func desiredLayout(p *placement, eligible []string) map[uint64][]string {
-	shards := p.shardIDs()
-	rf := min(p.RF, len(eligible))
-	count := map[string]int{}
-	for _, name := range eligible {
-		count[name] = 0
-	}
-	out := map[uint64][]string{}
-	for _, shard := range shards {
-		for _, name := range p.hostNames(shard) {
-			if _, ok := count[name]; ok {
-				out[shard] = append(out[shard], name)
-				count[name]++
-			}
-		}
-	}
-	least := func(candidates []string) string {
-		best := ""
-		for _, name := range candidates {
-			if best == "" || count[name] < count[best] {
-				best = name
-			}
-		}
-		return best
-	}
-	for _, shard := range shards {
-		for len(out[shard]) < rf {
-			var free []string
-			for _, name := range mesh.Replicas(shard, eligible, len(eligible)) {
-				if !slices.Contains(out[shard], name) {
-					free = append(free, name)
-				}
-			}
-			name := least(free)
-			out[shard] = append(out[shard], name)
-			count[name]++
-		}
-		for len(out[shard]) > rf {
-			most := out[shard][0]
-			for _, name := range out[shard] {
-				if count[name] > count[most] {
-					most = name
-				}
-			}
-			out[shard] = slices.DeleteFunc(out[shard], func(n string) bool { return n == most })
-			count[most]--
-		}
-	}
-	sorted := append([]string(nil), eligible...)
-	slices.Sort(sorted)
-	for range len(shards) * rf {
-		hi, lo := sorted[0], sorted[0]
-		for _, name := range sorted {
-			if count[name] > count[hi] {
-				hi = name
-			}
-			if count[name] < count[lo] {
-				lo = name
-			}
-		}
-		if count[hi]-count[lo] <= 1 {
-			break
-		}
-		moved := false
-		for _, shard := range shards {
-			if slices.Contains(out[shard], hi) && !slices.Contains(out[shard], lo) {
-				i := slices.Index(out[shard], hi)
-				out[shard][i] = lo
-				count[hi]--
-				count[lo]++
-				moved = true
-				break
-			}
-		}
-		if !moved {
-			break
-		}
-	}
-	return out
-}
-
-// replicaFloor is the fewest replicas a planned change may leave a shard
-// with: the replication factor, or every live listed peer when there are
-// fewer. Draining peers count: their replicas stay until others can take
-// them, so a Leave that would take shards below RF waits instead. Only a
-// dead peer takes a shard below it.
-func replicaFloor(p *placement, alive map[string]mesh.Member) int {
-	live := 0
-	for _, pe := range p.Peers {
-		if _, ok := alive[pe.Name]; ok {
-			live++
-		}
-	}
-	return min(p.RF, live)
-}
-
-// planMove picks the next step for shard: a replica on a dead peer to
-// remove first (adding a member while one is dead would raise the quorum
-// while a member cannot vote), else a peer to add a replica on, else (only
-// once the shard has more than it needs, and more than floor) a surplus
-// replica to remove.
-func planMove(p *placement, shard uint64, want []string, alive map[string]mesh.Member, floor int) (add string, remove *replica) {
-	cur := p.Replicas[shard]
-	for i := range cur {
-		if _, up := alive[cur[i].Peer]; !up && !slices.Contains(want, cur[i].Peer) {
-			return "", &cur[i]
-		}
-	}
-	for _, name := range want {
-		if !p.hosts(shard, name) {
-			return name, nil
-		}
-	}
-	if len(cur) <= max(len(want), floor) {
-		return "", nil
-	}
-	for i := range cur {
-		if !slices.Contains(want, cur[i].Peer) {
-			return "", &cur[i]
-		}
-	}
-	return "", nil
-}
-
 // moveReplica performs one step of a shard's move.
-func (n *Node) moveReplica(shard uint64, add string, remove *replica) error {
+func (n *Node) moveReplica(shard uint64, add string, remove *layout.Replica) error {
 	ctx, cancel := context.WithTimeout(n.ctx, 60*time.Second)
 	defer cancel()
 	if add != "" {
@@ -396,7 +245,7 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 	if err != nil {
 		return err
 	}
-	pe, ok := p.peer(peer)
+	pe, ok := p.Peer(peer)
 	if !ok {
 		return fmt.Errorf("peer %s left the layout", peer)
 	}
@@ -411,16 +260,13 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 	if err := n.checkQuorum(ctx, p, shard, peer, 1); err != nil {
 		return fmt.Errorf("add replica on %s: %w", peer, err)
 	}
-	r, ok := p.replica(shard, peer)
+	r, ok := p.Replica(shard, peer)
 	if !ok {
 		// The layout first: a replica listed but not yet a Raft member is
 		// harmless (requests to it are refused and retried elsewhere); a
 		// member missing from the layout would never be started.
-		q := p.next()
-		r = replica{Peer: peer, ID: q.NextReplicaID, Join: true}
-		q.NextReplicaID++
-		q.Replicas[shard] = append(q.Replicas[shard], r)
-		slices.SortFunc(q.Replicas[shard], func(a, b replica) int { return cmpString(a.Peer, b.Peer) })
+		q := p.Next()
+		r = q.AddReplica(shard, peer)
 		if err := n.proposePlacement(ctx, q); err != nil {
 			return err
 		}
@@ -430,8 +276,8 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 			// The id was used and removed before: drop it from the layout,
 			// the next step adds the replica under a fresh id.
 			if p, rerr := n.readMetaPlacement(ctx); rerr == nil {
-				q := p.next()
-				q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], func(o replica) bool { return o.ID == r.ID })
+				q := p.Next()
+				q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], func(o layout.Replica) bool { return o.ID == r.ID })
 				_ = n.proposePlacement(ctx, q)
 			}
 		}
@@ -453,7 +299,7 @@ func (n *Node) addReplica(ctx context.Context, shard uint64, peer string) error 
 	}
 }
 
-func (n *Node) removeReplica(ctx context.Context, shard uint64, r replica) error {
+func (n *Node) removeReplica(ctx context.Context, shard uint64, r layout.Replica) error {
 	p, err := n.readMetaPlacement(ctx)
 	if err != nil {
 		return err
@@ -520,7 +366,7 @@ func (n *Node) removeReplica(ctx context.Context, shard uint64, r replica) error
 // are caught up (they serve a linearizable read), form a quorum of the
 // membership after adding (delta 1) or removing (delta -1) peer's
 // replica; a shard of one replica adds its second only while that one is.
-func (n *Node) checkQuorum(ctx context.Context, p *placement, shard uint64, peer string, delta int) error {
+func (n *Node) checkQuorum(ctx context.Context, p *layout.Placement, shard uint64, peer string, delta int) error {
 	var others []string
 	for _, r := range p.Replicas[shard] {
 		if r.Peer != peer {
@@ -559,11 +405,11 @@ func (n *Node) dropFromLayout(ctx context.Context, shard uint64, ids []uint64) e
 	if err != nil {
 		return err
 	}
-	listed := func(o replica) bool { return slices.Contains(ids, o.ID) }
+	listed := func(o layout.Replica) bool { return slices.Contains(ids, o.ID) }
 	if !slices.ContainsFunc(p.Replicas[shard], listed) {
 		return nil
 	}
-	q := p.next()
+	q := p.Next()
 	q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], listed)
 	return n.proposePlacement(ctx, q)
 }
@@ -575,7 +421,7 @@ func (n *Node) dropFromLayout(ctx context.Context, shard uint64, ids []uint64) e
 // layout is what the controller plans from, so a replica counted there but
 // gone from Raft would hide an under-replicated shard, or make a live
 // replica look surplus.
-func (n *Node) reconcile(ctx context.Context, p *placement, shard uint64) (bool, error) {
+func (n *Node) reconcile(ctx context.Context, p *layout.Placement, shard uint64) (bool, error) {
 	m, err := n.membership(ctx, shard)
 	if err != nil {
 		return false, err
@@ -596,9 +442,9 @@ func (n *Node) reconcile(ctx context.Context, p *placement, shard uint64) (bool,
 	return true, nil
 }
 
-// balanceLeaders moves one leadership from the peer leading the most shards
-// to one leading the fewest, if they differ by two or more.
-func (n *Node) balanceLeaders(ctx context.Context, p *placement, eligible []string) error {
+// balanceLeaders asks eligible peers which shards they lead and makes the
+// one leadership transfer layout.PlanLeaderMove picks, if any.
+func (n *Node) balanceLeaders(ctx context.Context, p *layout.Placement, eligible []string) error {
 	leaders := map[uint64]uint64{}
 	for _, name := range eligible {
 		st, err := n.peerStatus(ctx, name)
@@ -609,81 +455,28 @@ func (n *Node) balanceLeaders(ctx context.Context, p *placement, eligible []stri
 			leaders[l] = st.Replicas[l]
 		}
 	}
-	count := map[string]int{}
-	for _, name := range eligible {
-		count[name] = 0
-	}
-	ledBy := map[string][]uint64{}
-	for shard, id := range leaders {
-		if pe, ok := p.peerByReplica(id); ok {
-			count[pe.Name]++
-			ledBy[pe.Name] = append(ledBy[pe.Name], shard)
-		}
-	}
-	byCount := append([]string(nil), eligible...)
-	slices.SortStableFunc(byCount, func(a, b string) int { return count[b] - count[a] })
-	transfer := func(from, to string, shard uint64) error {
-		target, _ := p.replicaID(shard, to)
-		n.log.Debug("moving leadership", "shard", shard, "from", from, "to", to)
-		n.ctrl.mu.Lock()
-		n.ctrl.lastTransfer = time.Now()
-		n.ctrl.mu.Unlock()
-		_, err := n.callPeerName(ctx, from, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
-		return err
-	}
-	// Candidates are tried from a rotating start, so a transfer that does
-	// not take (a target still catching up) is not retried forever while
-	// other shards could move.
+	// A new turn each round: a transfer that does not take (a target still
+	// catching up) is not retried forever while other shards could move.
 	n.ctrl.mu.Lock()
 	n.ctrl.turn++
 	turn := n.ctrl.turn
 	n.ctrl.mu.Unlock()
-	canGive := func(from, to string) (uint64, bool) {
-		shards := ledBy[from]
-		slices.Sort(shards)
-		for i := range shards {
-			if shard := shards[(i+turn)%len(shards)]; p.hosts(shard, to) {
-				return shard, true
-			}
-		}
-		return 0, false
+	mv, ok := layout.PlanLeaderMove(p, eligible, leaders, turn)
+	if !ok {
+		n.log.Debug("controller: leadership balanced", "leaders", layout.LeaderCounts(p, eligible, leaders), "known", len(leaders))
+		return nil
 	}
-	// The most loaded peer that can hand a shard to a peer leading at
-	// least two fewer.
-	for _, most := range byCount {
-		for i := len(byCount) - 1; i >= 0; i-- {
-			least := byCount[i]
-			if count[most]-count[least] < 2 {
-				break
-			}
-			if shard, ok := canGive(most, least); ok {
-				return transfer(most, least, shard)
-			}
-		}
-	}
-	// No direct move: let a peer one above the least loaded give it a
-	// shard, if the most loaded can then give that peer one next round.
-	most, least := byCount[0], byCount[len(byCount)-1]
-	if count[most]-count[least] >= 2 {
-		for _, mid := range byCount {
-			if mid == most || count[mid] <= count[least] {
-				continue
-			}
-			if _, ok := canGive(most, mid); !ok {
-				continue
-			}
-			if shard, ok := canGive(mid, least); ok {
-				return transfer(mid, least, shard)
-			}
-		}
-	}
-	n.log.Debug("controller: leadership balanced", "leaders", count, "known", len(leaders))
-	return nil
+	n.log.Debug("moving leadership", "shard", mv.Shard, "from", mv.From, "to", mv.To)
+	n.ctrl.mu.Lock()
+	n.ctrl.lastTransfer = time.Now()
+	n.ctrl.mu.Unlock()
+	_, err := n.callPeerName(ctx, mv.From, methodTransferLeader, mustEncode(transferReq{Shard: mv.Shard, Target: mv.Target}))
+	return err
 }
 
 // shardLeader asks the shard's hosts who leads it.
-func (n *Node) shardLeader(ctx context.Context, p *placement, shard uint64) (uint64, bool) {
-	for _, name := range p.hostNames(shard) {
+func (n *Node) shardLeader(ctx context.Context, p *layout.Placement, shard uint64) (uint64, bool) {
+	for _, name := range p.HostNames(shard) {
 		if st, err := n.peerStatus(ctx, name); err == nil {
 			if id, ok := st.Leaders[shard]; ok && id != 0 {
 				return id, true

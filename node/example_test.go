@@ -188,3 +188,24 @@ func ExampleNode_NewSession() {
 	// true true
 	// orders/7 is free again
 }
+
+// Keys with the same hash tag, the part between the first '{' and the
+// first '}' after it, are in the same shard: "{order-42}/items" and
+// "{order-42}/invoice" hash as "order-42" (hashed whole, they would land
+// in different shards of this 2-shard cluster).
+func ExampleNode_hashTags() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	items, err := n.Inspect(ctx, "{order-42}/items")
+	if err != nil {
+		log.Fatal(err)
+	}
+	invoice, err := n.Inspect(ctx, "{order-42}/invoice")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(items.Shard == invoice.Shard)
+	// Output: true
+}

@@ -28,7 +28,7 @@ func (fc *faultCluster) waitLeaders() map[uint64]string {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		leaders, pl := fc.shardLeaders()
-		if pl != nil && len(leaders) == len(pl.shardIDs()) {
+		if pl != nil && len(leaders) == len(pl.ShardIDs()) {
 			return leaders
 		}
 		if time.Now().After(deadline) {
@@ -74,7 +74,7 @@ func (fc *faultCluster) makeLeader(shard uint64, to string) {
 				continue
 			}
 			n := p.node()
-			if id, ok := n.placement.Load().replicaID(shard, to); ok {
+			if id, ok := n.placement.Load().ReplicaID(shard, to); ok {
 				_ = n.nh.RequestLeaderTransfer(shard, id)
 			}
 		}
@@ -91,7 +91,7 @@ func deadHolder(t *testing.T, fc *faultCluster, key string, holderLeads bool) (g
 	ttl := fc.peers[0].cfg.SessionTTL
 	ctx := ctxT(t, 3*ttl+time.Minute)
 	pl := fc.peers[0].node().placement.Load()
-	shard := pl.shardOf(key)
+	shard := pl.ShardOf(key)
 	leader := fc.waitLeaders()[shard]
 	var holder, waiter *faultPeer
 	for _, p := range fc.peers {

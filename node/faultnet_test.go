@@ -16,6 +16,7 @@ import (
 	"github.com/lni/vfs"
 
 	"github.com/lockmesh/lockmesh/internal/faultnet"
+	"github.com/lockmesh/lockmesh/internal/layout"
 )
 
 // faultClock is an injectable lease clock: the real clock plus an offset
@@ -434,9 +435,9 @@ func (fc *faultCluster) leaderCounts() map[string]int {
 // shardLeaders names the leader of each shard whose leader a live peer
 // knows, and returns the layout it read them through (nil if no peer is
 // live).
-func (fc *faultCluster) shardLeaders() (map[uint64]string, *placement) {
+func (fc *faultCluster) shardLeaders() (map[uint64]string, *layout.Placement) {
 	leaders := map[uint64]string{}
-	var pl *placement
+	var pl *layout.Placement
 	for _, p := range fc.peers {
 		if n := p.node(); n != nil && !n.isClosed() {
 			pl = n.placement.Load()
@@ -446,14 +447,14 @@ func (fc *faultCluster) shardLeaders() (map[uint64]string, *placement) {
 	if pl == nil {
 		return leaders, nil
 	}
-	for _, shard := range pl.shardIDs() {
+	for _, shard := range pl.ShardIDs() {
 		for _, p := range fc.peers {
 			n := p.node()
 			if n == nil || n.isClosed() {
 				continue
 			}
 			if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
-				if pe, ok := pl.peerByReplica(id); ok {
+				if pe, ok := pl.PeerByReplica(id); ok {
 					leaders[shard] = pe.Name
 					break
 				}
@@ -473,7 +474,7 @@ func (fc *faultCluster) leadingKeys(keys []string) *faultPeer {
 	}
 	byKeys := map[string]int{}
 	for _, key := range keys {
-		byKeys[leaders[pl.shardOf(key)]]++
+		byKeys[leaders[pl.ShardOf(key)]]++
 	}
 	shards := fc.leaderCounts()
 	best := fc.peers[0]

@@ -9,6 +9,7 @@ import (
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -188,7 +189,7 @@ func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
 	if err := m.halt.err; err != nil {
 		return sm.Result{Value: metaHalted, Data: []byte(err.Error())}, nil
 	}
-	p, err := decodePlacement(e.Cmd)
+	p, err := layout.Decode(e.Cmd)
 	if err != nil {
 		// Proposers validate what they write, so a layout that does not
 		// decode here was written by a release this one does not know.

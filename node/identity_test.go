@@ -11,11 +11,12 @@ import (
 
 	"github.com/lni/vfs"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
 func TestCheckIdentity(t *testing.T) {
-	p := newPlacement(7, 2, 3, []peerEntry{{Name: "a", NodeHostID: "id-a"}, {Name: "b", NodeHostID: "id-b"}, {Name: "c", NodeHostID: "id-c"}})
+	p := layout.New(7, 2, 3, layout.KeySchemeHashTag, []layout.Peer{{Name: "a", NodeHostID: "id-a"}, {Name: "b", NodeHostID: "id-b"}, {Name: "c", NodeHostID: "id-c"}})
 	for _, tc := range []struct {
 		name, hostID string
 		refused      bool
@@ -28,28 +29,28 @@ func TestCheckIdentity(t *testing.T) {
 		{"c", "", true},         // a listed name not gossiping its NodeHostID yet
 		{"a", "ID-A", true},     // ids compare exactly
 	} {
-		ie := p.checkIdentity(tc.name, tc.hostID)
+		ie := p.CheckIdentity(tc.name, tc.hostID)
 		if (ie != nil) != tc.refused {
-			t.Errorf("checkIdentity(%q, %q) = %v, want refused %v", tc.name, tc.hostID, ie, tc.refused)
+			t.Errorf("CheckIdentity(%q, %q) = %v, want refused %v", tc.name, tc.hostID, ie, tc.refused)
 		}
 		m := mesh.Member{Name: tc.name, Meta: mesh.Meta{NodeHostID: tc.hostID}}
-		if got := p.sameIdentity(m); got == tc.refused {
+		if got := sameIdentity(p, m); got == tc.refused {
 			t.Errorf("sameIdentity(%q, %q) = %v, want %v", tc.name, tc.hostID, got, !tc.refused)
 		}
 		if ie == nil {
 			continue
 		}
-		pe, _ := p.peer(tc.name)
+		pe, _ := p.Peer(tc.name)
 		msg := ie.Error()
 		for _, want := range []string{"peer " + tc.name + " ", pe.NodeHostID, "this data dir has " + tc.hostID, "wiped or replaced", "DeadAfter", "new Name"} {
 			if !strings.Contains(msg, want) {
-				t.Errorf("checkIdentity(%q, %q): %q does not say %q", tc.name, tc.hostID, msg, want)
+				t.Errorf("CheckIdentity(%q, %q): %q does not say %q", tc.name, tc.hostID, msg, want)
 			}
 		}
 	}
 	// Wrapped as lock calls wrap it, it is still found.
-	err := fmt.Errorf("%w: %w", ErrUnavailable, p.checkIdentity("b", "id-wiped"))
-	var ie *identityError
+	err := fmt.Errorf("%w: %w", ErrUnavailable, p.CheckIdentity("b", "id-wiped"))
+	var ie *layout.IdentityError
 	if !errors.As(err, &ie) || ie.Listed != "id-b" || ie.Local != "id-wiped" || !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("wrapped identity error lost its parts: %v", err)
 	}
@@ -245,7 +246,7 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 		cancel()
 		newIDs = runningIDs(c.node)
 		if err == nil && len(newIDs) > 0 && hostsAny(p, c.cfg.Name) {
-			if pe, _ := p.peer(c.cfg.Name); pe.NodeHostID != c.node.nh.ID() {
+			if pe, _ := p.Peer(c.cfg.Name); pe.NodeHostID != c.node.nh.ID() {
 				t.Fatalf("the layout lists %s with NodeHostID %s; it runs as %s", c.cfg.Name, pe.NodeHostID, c.node.nh.ID())
 			}
 			break
@@ -261,7 +262,7 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 		}
 	}
 	for id := range old {
-		for _, shard := range pl.shardIDs() {
+		for _, shard := range pl.ShardIDs() {
 			if c.node.nh.HasNodeInfo(shard, id) {
 				t.Fatalf("the wiped peer has Raft data for replica %d of shard %d of its old identity", id, shard)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
 )
@@ -39,7 +40,7 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	if err != nil {
 		return KeyInfo{}, err
 	}
-	shard := p.shardOf(key)
+	shard := p.ShardOf(key)
 	info := KeyInfo{Key: key, Shard: shard}
 	a, err := n.readRetrying(ctx, shard, lockQuery{Kind: queryKey, Key: key})
 	if err != nil {
@@ -117,13 +118,13 @@ func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
 	}
 	asked := n.askLeaders(ctx, p)
 	var out []ShardInfo
-	for _, shard := range p.shardIDs() {
+	for _, shard := range p.ShardIDs() {
 		leader, ok := asked[shard]
 		if !ok {
 			leader = n.leaderGuess(shard)
 		}
 		out = append(out, ShardInfo{
-			Shard: shard, Meta: shard == metaShardID, Replicas: p.hostNames(shard), Leader: leader,
+			Shard: shard, Meta: shard == metaShardID, Replicas: p.HostNames(shard), Leader: leader,
 			ReplicationFactor: p.RF,
 		})
 	}
@@ -135,14 +136,14 @@ func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
 // hints. Without a replica the only other source is the leader named in
 // the last answer to a call on the shard, which goes stale when the peer
 // makes none (a departed leader was named for minutes).
-func (n *Node) askLeaders(ctx context.Context, p *placement) map[uint64]string {
+func (n *Node) askLeaders(ctx context.Context, p *layout.Placement) map[uint64]string {
 	out := map[uint64]string{}
 	asked := map[string]bool{}
-	for _, shard := range p.shardIDs() {
+	for _, shard := range p.ShardIDs() {
 		if n.hostsShard(shard) {
 			continue
 		}
-		for _, host := range p.hostNames(shard) {
+		for _, host := range p.HostNames(shard) {
 			if _, known := out[shard]; known || asked[host] || ctx.Err() != nil {
 				continue
 			}
@@ -152,7 +153,7 @@ func (n *Node) askLeaders(ctx context.Context, p *placement) map[uint64]string {
 				continue
 			}
 			for s, id := range st.Leaders {
-				if pe, ok := p.peerByReplica(id); ok && p.hosts(s, pe.Name) && !n.hostsShard(s) {
+				if pe, ok := p.PeerByReplica(id); ok && p.Hosts(s, pe.Name) && !n.hostsShard(s) {
 					out[s] = pe.Name
 					n.setLeader(s, pe.Name)
 				}

@@ -120,7 +120,7 @@ func TestWaitServingAfterWholeClusterRestart(t *testing.T) {
 	if err := n.WaitServing(ctx); err != nil {
 		t.Fatalf("WaitServing after a whole-cluster restart: %v", err)
 	}
-	for _, shard := range n.placement.Load().shardIDs()[1:] {
+	for _, shard := range n.placement.Load().ShardIDs()[1:] {
 		if _, _, ok, err := n.nh.GetLeaderID(shard); err != nil || !ok {
 			t.Errorf("WaitServing returned but shard %d has no leader known here (%v)", shard, err)
 		}

@@ -130,7 +130,7 @@ func (n *Node) otherReplica(shard uint64, avoid string, attempt int) string {
 		return ""
 	}
 	var hosts []string
-	for _, h := range p.hostNames(shard) {
+	for _, h := range p.HostNames(shard) {
 		if h != avoid {
 			hosts = append(hosts, h)
 		}
@@ -151,14 +151,14 @@ func (n *Node) leaderGuess(shard uint64) string {
 	}
 	if n.hostsShard(shard) {
 		if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
-			if pe, ok := p.peerByReplica(id); ok {
+			if pe, ok := p.PeerByReplica(id); ok {
 				return pe.Name
 			}
 		}
 	}
 	// A hint from an answer: only while the layout still has the named
 	// peer hosting the shard (it may have left since).
-	if name := n.leader(shard); name != "" && p.hosts(shard, name) {
+	if name := n.leader(shard); name != "" && p.Hosts(shard, name) {
 		return name
 	}
 	return ""

@@ -64,7 +64,7 @@ func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveR
 	}
 	if leaderID != self {
 		hint := "?" // not empty: an empty Leader means "acknowledged"
-		if pe, ok := p.peerByReplica(leaderID); ok {
+		if pe, ok := p.PeerByReplica(leaderID); ok {
 			hint = pe.Name
 		}
 		return keepAliveResp{Leader: hint}, nil

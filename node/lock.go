@@ -196,6 +196,13 @@ func (l *Lock) releaseInBackground() <-chan outcome {
 // the grant is pushed to this peer by the Raft entry that made it. When ctx
 // ends first, the waiter leaves the queue (and a grant that raced the
 // cancellation is released), and ctx's error is returned.
+//
+// A key may carry a hash tag: in "{order-42}/items" only "order-42", the
+// bytes between the first '{' and the first '}' after it, picks the shard,
+// so every key tagged {order-42} lives in one shard. A key without a tag,
+// or with an empty one ("{}x"), is hashed whole. Clusters created before
+// hash tags existed hash every key whole, for good: a key never changes
+// shard.
 func (n *Node) Lock(ctx context.Context, key string) (*Lock, error) {
 	return n.acquire(ctx, key, true)
 }
@@ -236,7 +243,7 @@ func (n *Node) acquireIn(ctx context.Context, key string, wait bool, sessionFor 
 	if err != nil {
 		return nil, false, err
 	}
-	shard := p.shardOf(key)
+	shard := p.ShardOf(key)
 	owner := sessionFor(shard)
 	if owner == nil {
 		return nil, false, ErrClosed

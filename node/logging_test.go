@@ -210,8 +210,8 @@ func TestHealthyClusterLogsNoWarnings(t *testing.T) {
 	// transfer, then an election.
 	n, last := peers[0].node, peers[2]
 	pl := n.placement.Load()
-	shard := pl.shardOf(key)
-	target, ok := pl.replicaID(shard, last.cfg.Name)
+	shard := pl.ShardOf(key)
+	target, ok := pl.ReplicaID(shard, last.cfg.Name)
 	if !ok {
 		t.Fatalf("%s hosts no replica of shard %d", last.cfg.Name, shard)
 	}

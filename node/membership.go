@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/lni/dragonboat/v4"
+
+	"github.com/lockmesh/lockmesh/internal/layout"
 )
 
 // Requests of the controller and of a leaving peer.
@@ -140,7 +142,7 @@ func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) (
 		if !n.hostsShard(metaShardID) {
 			return nil, rpcError(codeNotHosted, "peer %s hosts no meta replica", n.cfg.Name)
 		}
-		q, err := decodePlacement(body)
+		q, err := layout.Decode(body)
 		if err != nil {
 			return nil, err
 		}
@@ -186,7 +188,7 @@ func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 	body := mustEncode(req)
 	var lastErr error = errors.New("no host")
 	for attempt := 0; attempt < 20; attempt++ {
-		hosts := p.hostNames(req.Shard)
+		hosts := p.HostNames(req.Shard)
 		if l := n.leaderGuess(req.Shard); l != "" {
 			hosts = append([]string{l}, hosts...)
 		}
@@ -226,7 +228,7 @@ func (n *Node) membership(ctx context.Context, shard uint64) (membershipResp, er
 // through its own meta replica. If that copy is so old that none of them
 // hosts one any more, the peers it lists are asked for their copies, and
 // the meta hosts of the newest are asked in turn.
-func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
+func (n *Node) readMetaPlacement(ctx context.Context) (*layout.Placement, error) {
 	var lastErr error = errNotReady
 	if n.hostsShard(metaShardID) {
 		// A short try: a replica that is still joining, or was just
@@ -244,7 +246,7 @@ func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
 		return nil, errNotReady
 	}
 	asked := map[string]bool{n.cfg.Name: true}
-	ask := func(hosts []string) *placement {
+	ask := func(hosts []string) *layout.Placement {
 		for _, h := range hosts {
 			if asked[h] || ctx.Err() != nil {
 				continue
@@ -252,7 +254,7 @@ func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
 			asked[h] = true
 			raw, err := n.callPeerName(ctx, h, methodGetPlacement, getPlacementLinearizable)
 			if err == nil {
-				q, err := decodePlacement(raw)
+				q, err := layout.Decode(raw)
 				if err == nil {
 					return q
 				}
@@ -261,7 +263,7 @@ func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
 		}
 		return nil
 	}
-	if q := ask(p.hostNames(metaShardID)); q != nil {
+	if q := ask(p.HostNames(metaShardID)); q != nil {
 		return q, nil
 	}
 	newest := p
@@ -273,17 +275,17 @@ func (n *Node) readMetaPlacement(ctx context.Context) (*placement, error) {
 		if err != nil {
 			continue
 		}
-		if q, err := decodePlacement(raw); err == nil && q.ClusterID == p.ClusterID && q.Epoch > newest.Epoch {
+		if q, err := layout.Decode(raw); err == nil && q.ClusterID == p.ClusterID && q.Epoch > newest.Epoch {
 			newest = q
 		}
 	}
-	if q := ask(newest.hostNames(metaShardID)); q != nil {
+	if q := ask(newest.HostNames(metaShardID)); q != nil {
 		return q, nil
 	}
 	return nil, lastErr
 }
 
-func (n *Node) readLocalPlacement(ctx context.Context) (*placement, error) {
+func (n *Node) readLocalPlacement(ctx context.Context) (*layout.Placement, error) {
 	rctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 	defer cancel()
 	v, err := n.nh.SyncRead(rctx, metaShardID, nil)
@@ -294,20 +296,20 @@ func (n *Node) readLocalPlacement(ctx context.Context) (*placement, error) {
 	if len(raw) == 0 {
 		return nil, errNotReady
 	}
-	return decodePlacement(raw)
+	return layout.Decode(raw)
 }
 
 // proposePlacement writes q, the successor of the current layout, into the
 // meta shard. It fails if another change got in first.
-func (n *Node) proposePlacement(ctx context.Context, q *placement) error {
-	raw, err := encodePlacement(q)
+func (n *Node) proposePlacement(ctx context.Context, q *layout.Placement) error {
+	raw, err := layout.Encode(q)
 	if err != nil {
 		return err
 	}
 	if !n.hostsShard(metaShardID) {
 		p := n.placement.Load()
 		var lastErr error = errNotReady
-		for _, h := range p.hostNames(metaShardID) {
+		for _, h := range p.HostNames(metaShardID) {
 			if h == n.cfg.Name {
 				continue
 			}
@@ -358,16 +360,16 @@ func (n *Node) placementLoop() {
 // than the replication factor (too few peers: ReplicationFactor above the
 // peer count, or a dead peer not yet replaced), and when that ends. old is
 // nil for the first layout.
-func (n *Node) noteShortfall(old, q *placement) {
-	short, fewest := q.shortShards()
+func (n *Node) noteShortfall(old, q *layout.Placement) {
+	short, fewest := q.ShortShards()
 	was := 0
 	if old != nil {
-		was, _ = old.shortShards()
+		was, _ = old.ShortShards()
 	}
 	switch {
 	case short > 0 && (old == nil || short != was):
 		n.log.Warn("shards have fewer replicas than the replication factor; they need more peers",
-			"short_shards", short, "shards", len(q.shardIDs()), "fewest_replicas", fewest,
+			"short_shards", short, "shards", len(q.ShardIDs()), "fewest_replicas", fewest,
 			"replication_factor", q.RF, "peers", len(q.Peers))
 	case short == 0 && was > 0:
 		n.log.Info("every shard has its replication factor again", "replication_factor", q.RF)
@@ -378,8 +380,8 @@ func (n *Node) noteShortfall(old, q *placement) {
 // it adds here and stops the ones it removed from here. A layout that lists
 // this peer's name under another NodeHostID (another peer runs under the
 // same Name) is refused: its replicas for the name are not this peer's.
-func (n *Node) updatePlacement(q *placement) error {
-	if ie := q.checkIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
+func (n *Node) updatePlacement(q *layout.Placement) error {
+	if ie := q.CheckIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
 		n.refuseLayout(ie)
 		return ie
 	}
@@ -388,8 +390,8 @@ func (n *Node) updatePlacement(q *placement) error {
 	}
 	n.noteShortfall(n.placement.Load(), q)
 	n.placement.Store(q)
-	for _, shard := range q.shardIDs() {
-		r, listed := q.replica(shard, n.cfg.Name)
+	for _, shard := range q.ShardIDs() {
+		r, listed := q.Replica(shard, n.cfg.Name)
 		id, running := n.localReplica(shard)
 		switch {
 		case listed && !running:
@@ -424,13 +426,13 @@ func (n *Node) Leave(ctx context.Context) error {
 		if err != nil {
 			last = fmt.Errorf("reading the layout: %w", err)
 		} else {
-			pe, listed := p.peer(n.cfg.Name)
-			if !listed || p.replicaCount(n.cfg.Name) == 0 {
+			pe, listed := p.Peer(n.cfg.Name)
+			if !listed || p.ReplicaCount(n.cfg.Name) == 0 {
 				break
 			}
-			last = fmt.Errorf("layout epoch %d still gives this peer %d replicas", p.Epoch, p.replicaCount(n.cfg.Name))
+			last = fmt.Errorf("layout epoch %d still gives this peer %d replicas", p.Epoch, p.ReplicaCount(n.cfg.Name))
 			if !pe.Draining {
-				q := p.next()
+				q := p.Next()
 				for i := range q.Peers {
 					if q.Peers[i].Name == n.cfg.Name {
 						q.Peers[i].Draining = true

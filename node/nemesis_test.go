@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+
+	"github.com/lockmesh/lockmesh/internal/layout"
 )
 
 // Nemesis tests: a 3-peer cluster (4 lock shards, TTL 1s, RTT 10ms) under
@@ -366,7 +368,7 @@ func (fc *faultCluster) keyLeader(key string) *faultPeer {
 	if pl == nil {
 		return nil
 	}
-	name := leaders[pl.shardOf(key)]
+	name := leaders[pl.ShardOf(key)]
 	for _, p := range fc.peers {
 		if p.name == name {
 			return p
@@ -681,7 +683,7 @@ var nemeses = []nemesis{
 				continue
 			}
 			n := p.node()
-			for _, shard := range n.placement.Load().shardIDs() {
+			for _, shard := range n.placement.Load().ShardIDs() {
 				sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				_, err := n.nh.SyncRequestSnapshot(sctx, shard, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
 				cancel()
@@ -696,7 +698,7 @@ var nemeses = []nemesis{
 		// shards needs it applied up to the leader's commit index.
 		deadline := time.Now().Add(livenessBound(fc.opts.ttl))
 		n := victim.node()
-		for _, shard := range n.placement.Load().shardIDs() {
+		for _, shard := range n.placement.Load().ShardIDs() {
 			var q any = lockQuery{Kind: querySessions}
 			if shard == metaShardID {
 				q = nil
@@ -789,9 +791,9 @@ const membershipWithin = 40 * time.Second
 const membershipPeers = 5
 
 // hostsAny reports whether the layout lists name as a replica of a shard.
-func hostsAny(pl *placement, name string) bool {
-	for _, shard := range pl.shardIDs() {
-		if pl.hosts(shard, name) {
+func hostsAny(pl *layout.Placement, name string) bool {
+	for _, shard := range pl.ShardIDs() {
+		if pl.Hosts(shard, name) {
 			return true
 		}
 	}
@@ -800,8 +802,8 @@ func hostsAny(pl *placement, name string) bool {
 
 // waitLayout polls the layout, read linearizably from the meta shard
 // through observer, until ok holds; it reports whether it did by deadline.
-func waitLayout(ctx context.Context, observer *faultPeer, deadline time.Time, ok func(*placement) bool) (*placement, bool) {
-	var last *placement
+func waitLayout(ctx context.Context, observer *faultPeer, deadline time.Time, ok func(*layout.Placement) bool) (*layout.Placement, bool) {
+	var last *layout.Placement
 	for {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		pl, err := observer.node().readMetaPlacement(rctx)
@@ -834,14 +836,14 @@ func describeOwnView(p *faultPeer) string {
 }
 
 // describeLayout is the layout as "shard: peers" for messages.
-func describeLayout(pl *placement) string {
+func describeLayout(pl *layout.Placement) string {
 	if pl == nil {
 		return "unreadable"
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "epoch %d:", pl.Epoch)
-	for _, shard := range pl.shardIDs() {
-		fmt.Fprintf(&b, " %d%v", shard, pl.hostNames(shard))
+	for _, shard := range pl.ShardIDs() {
+		fmt.Fprintf(&b, " %d%v", shard, pl.HostNames(shard))
 	}
 	for _, pe := range pl.Peers {
 		if pe.Draining {
@@ -959,7 +961,7 @@ func membershipRound(ctx context.Context, lr *loadRun, name string, mf membershi
 		<-ended
 	}
 	observer := before[0]
-	pl, ok := waitLayout(ctx, observer, deadline, func(pl *placement) bool {
+	pl, ok := waitLayout(ctx, observer, deadline, func(pl *layout.Placement) bool {
 		for _, name := range joined {
 			if !hostsAny(pl, name) {
 				return false
@@ -991,14 +993,14 @@ func membershipRound(ctx context.Context, lr *loadRun, name string, mf membershi
 	if err != nil {
 		// Say what was stuck: the layout as the remaining peers see it,
 		// and who leads what.
-		pl, _ := waitLayout(ctx, observer, time.Now().Add(2*time.Second), func(*placement) bool { return true })
+		pl, _ := waitLayout(ctx, observer, time.Now().Add(2*time.Second), func(*layout.Placement) bool { return true })
 		lr.violate("%s: %s did not leave within %v of the round's start (faults: %v): %v; layout %s; leaders %v; %s",
 			name, leaving.name, membershipWithin, faults, err, describeLayout(pl), fc.leaderCounts(), describeOwnView(leaving))
 		return
 	}
 	left := time.Since(leaveStart)
-	pl, ok = waitLayout(ctx, observer, deadline, func(pl *placement) bool {
-		_, listed := pl.peer(leaving.name)
+	pl, ok = waitLayout(ctx, observer, deadline, func(pl *layout.Placement) bool {
+		_, listed := pl.Peer(leaving.name)
 		return !listed
 	})
 	if !ok {
@@ -1041,8 +1043,8 @@ func replaceRound(ctx context.Context, lr *loadRun, name string, observer *fault
 	deadline := start.Add(membershipWithin)
 	loss := fc.kill(victim)
 	ended := fault(mf.replace(fc, victim))
-	pl, ok := waitLayout(ctx, observer, deadline, func(pl *placement) bool {
-		_, listed := pl.peer(victim.name)
+	pl, ok := waitLayout(ctx, observer, deadline, func(pl *layout.Placement) bool {
+		_, listed := pl.Peer(victim.name)
 		return !listed
 	})
 	<-ended
@@ -1054,8 +1056,8 @@ func replaceRound(ctx context.Context, lr *loadRun, name string, observer *fault
 		lr.violate("%s: crashed %s still listed %v after the crash (DeadAfter %v); layout %s", name, victim.name, gone, observer.node().cfg.DeadAfter, describeLayout(pl))
 		return ""
 	}
-	pl, ok = waitLayout(ctx, observer, deadline, func(pl *placement) bool {
-		_, listed := pl.peer(victim.name)
+	pl, ok = waitLayout(ctx, observer, deadline, func(pl *layout.Placement) bool {
+		_, listed := pl.Peer(victim.name)
 		return listed
 	})
 	if !ok {

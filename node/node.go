@@ -16,6 +16,7 @@ import (
 	"github.com/lni/dragonboat/v4/raftio"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
@@ -41,14 +42,14 @@ type Node struct {
 	closed  atomic.Bool
 
 	ready     chan struct{} // closed once the placement is known and local replicas run
-	placement atomic.Pointer[placement]
+	placement atomic.Pointer[layout.Placement]
 
 	bootMu  sync.Mutex
-	promise *placement // bootstrap plan this peer agreed to, not yet committed
+	promise *layout.Placement // bootstrap plan this peer agreed to, not yet committed
 	promDue time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
-	refusal   atomic.Pointer[identityError]
+	refusal   atomic.Pointer[layout.IdentityError]
 	joinAddrs []string // Config.Join and the known peers, set by open
 
 	batchMu  sync.Mutex
@@ -248,7 +249,7 @@ func (n *Node) WaitServing(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	shards := p.shardIDs()[1:] // the lock shards
+	shards := p.ShardIDs()[1:] // the lock shards
 	errs := make([]error, len(shards))
 	var wg sync.WaitGroup
 	for i, shard := range shards {
@@ -343,7 +344,7 @@ func (n *Node) goFunc(f func()) {
 }
 
 // waitReady blocks until the cluster layout is known.
-func (n *Node) waitReady(ctx context.Context) (*placement, error) {
+func (n *Node) waitReady(ctx context.Context) (*layout.Placement, error) {
 	select {
 	case <-n.ready:
 		return n.placement.Load(), nil
@@ -365,17 +366,17 @@ func (n *Node) waitReady(ctx context.Context) (*placement, error) {
 
 // adopt makes p this peer's layout: it records it in the data dir, starts
 // the replicas p places here and opens lock calls. Called once. It
-// refuses, with an *identityError, a layout that lists this peer's name
+// refuses, with an *layout.IdentityError, a layout that lists this peer's name
 // under another NodeHostID: those replicas are another data dir's.
-func (n *Node) adopt(p *placement) error {
-	if ie := p.checkIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
+func (n *Node) adopt(p *layout.Placement) error {
+	if ie := p.CheckIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
 		return ie
 	}
 	if err := n.saveRecord(p); err != nil {
 		return err
 	}
-	for _, shard := range p.shardIDs() {
-		r, ok := p.replica(shard, n.cfg.Name)
+	for _, shard := range p.ShardIDs() {
+		r, ok := p.Replica(shard, n.cfg.Name)
 		if !ok {
 			continue
 		}
@@ -392,7 +393,7 @@ func (n *Node) adopt(p *placement) error {
 
 // startReplica starts this peer's replica r of shard: from its data if it
 // ran before, else as an initial member or by joining the running shard.
-func (n *Node) startReplica(p *placement, shard uint64, r replica) error {
+func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica) error {
 	rc := config.Config{
 		ShardID:            shard,
 		ReplicaID:          r.ID,
@@ -424,7 +425,7 @@ func (n *Node) startReplica(p *placement, shard uint64, r replica) error {
 	case r.Join:
 		err = n.nh.StartReplica(nil, true, create, rc)
 	default:
-		err = n.nh.StartReplica(p.initialMembers(shard), false, create, rc)
+		err = n.nh.StartReplica(p.InitialMembers(shard), false, create, rc)
 	}
 	if errors.Is(err, dragonboat.ErrShardAlreadyExist) {
 		err = nil
@@ -537,7 +538,7 @@ type leaderListener struct{ n *Node }
 func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
 	l.n.leases.leaderUpdated(info, l.n.now())
 	if p := l.n.placement.Load(); p != nil && info.LeaderID != 0 {
-		if pe, ok := p.peerByReplica(info.LeaderID); ok {
+		if pe, ok := p.PeerByReplica(info.LeaderID); ok {
 			l.n.setLeader(info.ShardID, pe.Name)
 		}
 	}
@@ -594,13 +595,13 @@ func (n *Node) warnPlaintext() {
 
 // rpcAddr resolves a peer name to its transport address from gossip. A
 // member gossiping a name the layout lists under another NodeHostID has
-// none: it is not the peer the layout means (see placement.sameIdentity).
+// none: it is not the peer the layout means (see sameIdentity).
 func (n *Node) rpcAddr(name string) (string, bool) {
 	m, ok := n.mesh.Member(name)
 	if !ok || m.State != mesh.StateAlive || m.Meta.RPCAddr == "" {
 		return "", false
 	}
-	if p := n.placement.Load(); p != nil && !p.sameIdentity(m) {
+	if p := n.placement.Load(); p != nil && !sameIdentity(p, m) {
 		return "", false
 	}
 	return m.Meta.RPCAddr, true

@@ -71,7 +71,7 @@ func (n *Node) onApplyGrants(shard uint64, grants []lockfsm.Grant) {
 		switch {
 		case g.Owner == n.cfg.Name:
 			n.wake(shard, g.Session, g.Req, g.Token)
-		case leader && (p == nil || !p.hosts(shard, g.Owner)):
+		case leader && (p == nil || !p.Hosts(shard, g.Owner)):
 			select {
 			case n.notifyQ <- notifyJob{owner: g.Owner, shard: shard, grant: g}:
 			default:

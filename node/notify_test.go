@@ -33,7 +33,7 @@ func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
 		l, err := waiterNode.Lock(ctxT(t, 30*time.Second), key)
 		got <- result{l, err, time.Now()}
 	}()
-	shard := waiterNode.placement.Load().shardOf(key)
+	shard := waiterNode.placement.Load().ShardOf(key)
 	var w waiterKey
 	deadline := time.Now().Add(10 * time.Second)
 	for w == (waiterKey{}) {

@@ -405,7 +405,7 @@ func (n *Node) callHost(ctx context.Context, shard uint64, method uint8, body []
 	if p == nil {
 		return nil, errNotReady
 	}
-	hosts := p.hostNames(shard)
+	hosts := p.HostNames(shard)
 	if l := n.leader(shard); l != "" {
 		for i, h := range hosts {
 			if h == l {

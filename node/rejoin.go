@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -54,14 +55,14 @@ func (n *Node) knownPeersLoop() {
 
 // clusterAddrs lists, sorted, the gossip addresses of the alive members of
 // p's cluster other than self.
-func clusterAddrs(self string, p *placement, members []mesh.Member) []string {
+func clusterAddrs(self string, p *layout.Placement, members []mesh.Member) []string {
 	var addrs []string
 	for _, m := range members {
 		if m.Name == self || m.State != mesh.StateAlive || m.Addr == "" {
 			continue
 		}
 		if m.Meta.Cluster != p.ClusterID {
-			if _, listed := p.peer(m.Name); !listed {
+			if _, listed := p.Peer(m.Name); !listed {
 				continue
 			}
 		}

@@ -18,7 +18,7 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	n := peers[0].node
 	ctx := ctxT(t, 20*time.Second)
 	p, _ := n.waitReady(ctx)
-	shard := p.shardOf("retry")
+	shard := p.ShardOf("retry")
 	owner, err := n.defaultSession(shard)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func TestRetriedReleaseAfterAckMoved(t *testing.T) {
 	p, _ := n.waitReady(ctx)
 	other := ""
 	for i := 0; other == ""; i++ {
-		if k := fmt.Sprintf("other-%d", i); p.shardOf(k) == shard {
+		if k := fmt.Sprintf("other-%d", i); p.ShardOf(k) == shard {
 			other = k
 		}
 	}

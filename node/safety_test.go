@@ -145,8 +145,8 @@ func TestMutualExclusion5PeersForwarding(t *testing.T) {
 	p := peers[0].node.placement.Load()
 	forwarding := 0
 	for _, tp := range peers {
-		for _, shard := range p.shardIDs()[1:] {
-			if !p.hosts(shard, tp.cfg.Name) {
+		for _, shard := range p.ShardIDs()[1:] {
+			if !p.Hosts(shard, tp.cfg.Name) {
 				forwarding++
 			}
 		}
@@ -333,9 +333,9 @@ func TestLeaderStoppedUnderLoad(t *testing.T) {
 	best := -1
 	for _, tp := range peers {
 		led := 0
-		for _, shard := range tp.node.placement.Load().shardIDs() {
+		for _, shard := range tp.node.placement.Load().ShardIDs() {
 			if id, _, ok, _ := tp.node.nh.GetLeaderID(shard); ok {
-				if pe, _ := tp.node.placement.Load().peerByReplica(id); pe.Name == tp.cfg.Name {
+				if pe, _ := tp.node.placement.Load().PeerByReplica(id); pe.Name == tp.cfg.Name {
 					led++
 				}
 			}

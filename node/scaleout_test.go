@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/layout"
 )
 
 // layoutStats summarises the settled layout as the given peer sees it.
@@ -30,7 +32,7 @@ func settledLayout(t *testing.T, observer *Node, live []*testPeer) (layoutStats,
 		st.replicas[tp.cfg.Name] = 0
 		st.leaders[tp.cfg.Name] = 0
 	}
-	for _, shard := range p.shardIDs() {
+	for _, shard := range p.ShardIDs() {
 		n := 0
 		for _, r := range p.Replicas[shard] {
 			if liveNames[r.Peer] {
@@ -43,7 +45,7 @@ func settledLayout(t *testing.T, observer *Node, live []*testPeer) (layoutStats,
 		}
 	}
 	for _, tp := range live {
-		for _, shard := range p.shardIDs() {
+		for _, shard := range p.ShardIDs() {
 			if tp.node.leadsShard(shard) {
 				st.leaders[tp.cfg.Name]++
 			}
@@ -189,7 +191,7 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 	for {
 		p, err := peers[0].node.readMetaPlacement(ctx)
 		if err == nil {
-			if _, listed := p.peer("peer-4"); !listed {
+			if _, listed := p.Peer("peer-4"); !listed {
 				break
 			}
 		}
@@ -207,7 +209,7 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for shard, old := range before {
-		if r, ok := p.replica(shard, "peer-4"); ok && r.ID == old {
+		if r, ok := p.Replica(shard, "peer-4"); ok && r.ID == old {
 			t.Fatalf("shard %d lists peer-4's old replica %d again", shard, old)
 		}
 	}
@@ -243,7 +245,7 @@ func TestLayoutFollowsRaftMembership(t *testing.T) {
 	victim := p.Replicas[shard][0]
 	var host *testPeer
 	for _, tp := range peers {
-		if _, ok := p.replica(shard, tp.cfg.Name); ok && tp.cfg.Name != victim.Peer {
+		if _, ok := p.Replica(shard, tp.cfg.Name); ok && tp.cfg.Name != victim.Peer {
 			host = tp
 			break
 		}
@@ -266,7 +268,7 @@ func TestLayoutFollowsRaftMembership(t *testing.T) {
 		p, perr := peers[0].node.readMetaPlacement(ctx)
 		m, merr := peers[0].node.membership(ctx, shard)
 		if perr == nil && merr == nil {
-			r, listed := p.replica(shard, victim.Peer)
+			r, listed := p.Replica(shard, victim.Peer)
 			stale := listed && r.ID == victim.ID
 			if !stale && len(m.Members) == o.rf && len(p.Replicas[shard]) == o.rf {
 				t.Logf("shard %d repaired: layout %v, Raft members %v", shard, p.Replicas[shard], m.Members)
@@ -299,25 +301,25 @@ func TestStaleLayoutCopiesDoNotFeedEachOther(t *testing.T) {
 	}
 	var outside []*testPeer // the peers hosting no meta replica
 	for _, p := range peers {
-		if _, ok := cur.replica(metaShardID, p.cfg.Name); !ok {
+		if _, ok := cur.Replica(metaShardID, p.cfg.Name); !ok {
 			outside = append(outside, p)
 		}
 	}
 	if len(outside) != 2 {
 		t.Fatalf("want 2 of 5 peers outside the meta shard, layout %s", describeLayout(cur))
 	}
-	raw, err := encodePlacement(cur)
+	raw, err := layout.Encode(cur)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stale, err := decodePlacement(raw)
+	stale, err := layout.Decode(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stale.Epoch--
 	id := stale.NextReplicaID
 	stale.NextReplicaID += 2
-	stale.Replicas[metaShardID] = []replica{
+	stale.Replicas[metaShardID] = []layout.Replica{
 		{Peer: outside[0].cfg.Name, ID: id},
 		{Peer: outside[1].cfg.Name, ID: id + 1},
 	}
@@ -358,7 +360,7 @@ func TestPlacementLeaderOfShardsNotHostedHere(t *testing.T) {
 	// makes no calls that would refresh it.
 	var departing *testPeer
 	var shard uint64
-	for _, s := range p.shardIDs() {
+	for _, s := range p.ShardIDs() {
 		if observer.node.hostsShard(s) || departing != nil {
 			continue
 		}
@@ -416,7 +418,7 @@ func TestCheckQuorumCountsCaughtUpReplicas(t *testing.T) {
 	p := n.placement.Load()
 	// Every shard elects a leader first.
 	waitBalanced(t, peers, 30*time.Second)
-	for _, shard := range p.shardIDs() {
+	for _, shard := range p.ShardIDs() {
 		if err := n.checkQuorum(ctx, p, shard, "peer-4", 1); err != nil {
 			t.Fatalf("all caught up, adding to shard %d: %v", shard, err)
 		}
@@ -425,7 +427,7 @@ func TestCheckQuorumCountsCaughtUpReplicas(t *testing.T) {
 		}
 	}
 	peers[2].node.kill()
-	for _, shard := range p.shardIDs() {
+	for _, shard := range p.ShardIDs() {
 		// 2 of 3 caught up: enough for 3 members, not for 4.
 		if err := n.checkQuorum(ctx, p, shard, "peer-4", 1); err == nil {
 			t.Errorf("shard %d: adding a 4th member with a 3rd one down was allowed", shard)
@@ -516,7 +518,7 @@ func TestLeaveNeverTakesShardsBelowRF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, shard := range p.shardIDs() {
+	for _, shard := range p.ShardIDs() {
 		if got := len(p.Replicas[shard]); got != 3 {
 			t.Errorf("shard %d has %d replicas after a Leave that had nowhere to go: %s", shard, got, describeLayout(p))
 		}
@@ -535,9 +537,9 @@ func TestLeaveNeverTakesShardsBelowRF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, shard := range p.shardIDs() {
-		if got := len(p.Replicas[shard]); got != 3 || p.hosts(shard, "peer-3") {
-			t.Errorf("shard %d after peer-3 left: %v", shard, p.hostNames(shard))
+	for _, shard := range p.ShardIDs() {
+		if got := len(p.Replicas[shard]); got != 3 || p.Hosts(shard, "peer-3") {
+			t.Errorf("shard %d after peer-3 left: %v", shard, p.HostNames(shard))
 		}
 	}
 }

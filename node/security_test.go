@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
@@ -231,7 +232,7 @@ func TestSecurityRaftTLS(t *testing.T) {
 	// everyLeaderKnown reports whether all of n's replicas know a leader,
 	// which they learn from the leader's first Raft message.
 	everyLeaderKnown := func(n *Node) bool {
-		for _, shard := range n.placement.Load().shardIDs() {
+		for _, shard := range n.placement.Load().ShardIDs() {
 			if _, _, ok, err := n.nh.GetLeaderID(shard); err != nil || !ok {
 				return false
 			}
@@ -272,7 +273,7 @@ func TestSecurityRaftTLS(t *testing.T) {
 		if err != nil {
 			t.Fatalf("peers 1 and 2 are a quorum of every shard, yet: %v", err)
 		}
-		shard := good.placement.Load().shardOf("raft/a")
+		shard := good.placement.Load().ShardOf("raft/a")
 		if !odd.hostsShard(shard) {
 			t.Fatalf("peer-3 hosts no replica of shard %d; with RF 3 on 3 peers it must", shard)
 		}
@@ -283,7 +284,7 @@ func TestSecurityRaftTLS(t *testing.T) {
 		// time peer-1 has applied, peer-3 has had every chance to.
 		pollUntil(t, 5*time.Second, "peer-1's replica applies the session", func() bool { return sessionsOn(good, shard) > 0 })
 		time.Sleep(300 * time.Millisecond)
-		for _, s := range odd.placement.Load().shardIDs() {
+		for _, s := range odd.placement.Load().ShardIDs() {
 			if _, _, ok, _ := odd.nh.GetLeaderID(s); ok {
 				t.Errorf("peer-3, with a Raft certificate from another CA, knows a leader of shard %d", s)
 			}
@@ -317,7 +318,7 @@ func TestSecurityRPCTLS(t *testing.T) {
 	t.Cleanup(joiner.stop)
 	joiner.waitReady(t)
 	p := joiner.node.placement.Load()
-	if shard := p.shardOf("rpc/a"); joiner.node.hostsShard(shard) {
+	if shard := p.ShardOf("rpc/a"); joiner.node.hostsShard(shard) {
 		t.Fatalf("joiner hosts shard %d; the test needs it to forward", shard)
 	}
 	lockAndUnlock(t, joiner.node, "rpc/a")
@@ -356,7 +357,7 @@ func TestSecurityRPCTLS(t *testing.T) {
 	if err != nil {
 		t.Fatalf("client with a certificate from the cluster's CA: %v", err)
 	}
-	got, err := decodePlacement(raw)
+	got, err := layout.Decode(raw)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ func keysOnShards(t *testing.T, n *Node) (string, string) {
 	p := n.placement.Load()
 	first := "k-0"
 	for i := 1; i < 1000; i++ {
-		if k := fmt.Sprintf("k-%d", i); p.shardOf(k) != p.shardOf(first) {
+		if k := fmt.Sprintf("k-%d", i); p.ShardOf(k) != p.ShardOf(first) {
 			return first, k
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -93,12 +94,12 @@ func TestReplicaStopsOnEntryItCannotDecode(t *testing.T) {
 	p1 := peers[0].node
 	keyOf := func(shard uint64) string {
 		for i := 0; ; i++ {
-			if k := fmt.Sprintf("key-%d", i); p1.placement.Load().shardOf(k) == shard {
+			if k := fmt.Sprintf("key-%d", i); p1.placement.Load().ShardOf(k) == shard {
 				return k
 			}
 		}
 	}
-	bad, good := firstLockShard, firstLockShard+1
+	bad, good := layout.FirstLockShard, layout.FirstLockShard+1
 	l, err := p1.Lock(ctxT(t, 10*time.Second), keyOf(bad))
 	if err != nil {
 		t.Fatal(err)

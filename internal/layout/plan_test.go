@@ -1,39 +1,36 @@
-package node
+package layout
 
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
-
-	"github.com/lockmesh/lockmesh/mesh"
 )
 
-// settle runs the controller's planning (desiredLayout, replicaFloor,
-// planMove) on p until nothing moves, applying each move at once as the
-// controller would once it succeeds. It fails t if a removal of a live
-// replica takes a shard below the floor, and returns the settled layout.
-func settle(t *testing.T, p *placement, eligible []string, alive map[string]mesh.Member) *placement {
+// settle runs the controller's planning (Desired, ReplicaFloor, PlanMove)
+// on p until nothing moves, applying each move at once as the controller
+// would once it succeeds. It fails t if a removal of a live replica takes
+// a shard below RF, and returns the settled layout.
+func settle(t *testing.T, p *Placement, eligible []string, alive map[string]bool) *Placement {
 	t.Helper()
 	for step := 0; step < 1000; step++ {
-		desired := desiredLayout(p, eligible)
-		floor := replicaFloor(p, alive)
+		desired := Desired(p, eligible)
+		floor := ReplicaFloor(p, alive)
 		moved := false
-		for _, shard := range p.shardIDs() {
-			add, remove := planMove(p, shard, desired[shard], alive, floor)
+		for _, shard := range p.ShardIDs() {
+			add, remove := PlanMove(p, shard, desired[shard], alive, floor)
 			switch {
 			case add != "":
-				q := p.next()
-				q.Replicas[shard] = append(q.Replicas[shard], replica{Peer: add, ID: q.NextReplicaID, Join: true})
-				q.NextReplicaID++
+				q := p.Next()
+				q.AddReplica(shard, add)
 				p, moved = q, true
 			case remove != nil:
-				_, live := alive[remove.Peer]
-				if live && len(p.Replicas[shard])-1 < p.RF {
+				if alive[remove.Peer] && len(p.Replicas[shard])-1 < p.RF {
 					t.Fatalf("shard %d: planned removal of live replica %v leaves %d replicas, RF %d; layout %s",
-						shard, *remove, len(p.Replicas[shard])-1, p.RF, describeLayout(p))
+						shard, *remove, len(p.Replicas[shard])-1, p.RF, describe(p))
 				}
-				q := p.next()
-				q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], func(r replica) bool { return r.ID == remove.ID })
+				q := p.Next()
+				q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], func(r Replica) bool { return r.ID == remove.ID })
 				p, moved = q, true
 			}
 		}
@@ -41,19 +38,31 @@ func settle(t *testing.T, p *placement, eligible []string, alive map[string]mesh
 			return p
 		}
 	}
-	t.Fatalf("the plan did not settle in 1000 steps: %s", describeLayout(p))
+	t.Fatalf("the plan did not settle in 1000 steps: %s", describe(p))
 	return nil
 }
 
-func testPeers(n int) ([]peerEntry, []string, map[string]mesh.Member) {
-	var peers []peerEntry
+// describe is the layout as "shard[peers]" for messages.
+func describe(p *Placement) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "epoch %d:", p.Epoch)
+	for _, shard := range p.ShardIDs() {
+		fmt.Fprintf(&b, " %d%v", shard, p.HostNames(shard))
+	}
+	return b.String()
+}
+
+// testPeers returns n peers "peer-1".."peer-n", their names, and the set
+// of them as alive.
+func testPeers(n int) ([]Peer, []string, map[string]bool) {
+	var peers []Peer
 	var names []string
-	alive := map[string]mesh.Member{}
+	alive := map[string]bool{}
 	for i := 1; i <= n; i++ {
 		name := fmt.Sprintf("peer-%d", i)
-		peers = append(peers, peerEntry{Name: name, NodeHostID: "nh-" + name})
+		peers = append(peers, Peer{Name: name, NodeHostID: "nh-" + name})
 		names = append(names, name)
-		alive[name] = mesh.Member{Name: name}
+		alive[name] = true
 	}
 	return peers, names, alive
 }
@@ -76,25 +85,25 @@ func TestPlanKeepsReplicationFactorWhileDraining(t *testing.T) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%d-peers-rf%d-%d-draining", c.peers, c.rf, c.draining), func(t *testing.T) {
 			peers, names, alive := testPeers(c.peers)
-			p := newPlacement(1, 16, c.rf, peers)
+			p := New(1, 16, c.rf, KeySchemeHashTag, peers)
 			for i := range c.draining {
 				p.Peers[i].Draining = true
 			}
 			eligible := names[c.draining:]
 			p = settle(t, p, eligible, alive)
-			for _, shard := range p.shardIDs() {
+			for _, shard := range p.ShardIDs() {
 				if got := len(p.Replicas[shard]); got < c.rf {
-					t.Errorf("shard %d has %d replicas, RF %d: %s", shard, got, c.rf, describeLayout(p))
+					t.Errorf("shard %d has %d replicas, RF %d: %s", shard, got, c.rf, describe(p))
 				}
 			}
 			drained := true
 			for _, name := range names[:c.draining] {
-				if p.replicaCount(name) > 0 {
+				if p.ReplicaCount(name) > 0 {
 					drained = false
 				}
 			}
 			if drained != c.wantDrained {
-				t.Errorf("draining peers drained: %v, want %v: %s", drained, c.wantDrained, describeLayout(p))
+				t.Errorf("draining peers drained: %v, want %v: %s", drained, c.wantDrained, describe(p))
 			}
 		})
 	}
@@ -104,15 +113,15 @@ func TestPlanKeepsReplicationFactorWhileDraining(t *testing.T) {
 // replaced where another peer can take them).
 func TestPlanReplacesDeadPeer(t *testing.T) {
 	peers, names, alive := testPeers(3)
-	p := newPlacement(1, 8, 3, peers)
+	p := New(1, 8, 3, KeySchemeHashTag, peers)
 	delete(alive, "peer-1") // dead past DeadAfter: no longer eligible
 	p = settle(t, p, names[1:], alive)
-	if n := p.replicaCount("peer-1"); n != 0 {
-		t.Fatalf("dead peer still has %d replicas: %s", n, describeLayout(p))
+	if n := p.ReplicaCount("peer-1"); n != 0 {
+		t.Fatalf("dead peer still has %d replicas: %s", n, describe(p))
 	}
-	for _, shard := range p.shardIDs() {
+	for _, shard := range p.ShardIDs() {
 		if got := len(p.Replicas[shard]); got != 2 {
-			t.Errorf("shard %d has %d replicas, want 2 (the live peers): %s", shard, got, describeLayout(p))
+			t.Errorf("shard %d has %d replicas, want 2 (the live peers): %s", shard, got, describe(p))
 		}
 	}
 }
@@ -121,15 +130,15 @@ func TestPlanReplacesDeadPeer(t *testing.T) {
 // takes its share.
 func TestPlanBalancesNewPeer(t *testing.T) {
 	peers, names, alive := testPeers(5)
-	p := newPlacement(1, 16, 3, peers[:3])
+	p := New(1, 16, 3, KeySchemeHashTag, peers[:3])
 	p.Peers = peers
 	p = settle(t, p, names, alive)
 	lo, hi := 1<<30, 0
 	for _, name := range names {
-		c := p.replicaCount(name)
+		c := p.ReplicaCount(name)
 		lo, hi = min(lo, c), max(hi, c)
 	}
 	if hi-lo > 1 {
-		t.Fatalf("replica counts range %d-%d: %s", lo, hi, describeLayout(p))
+		t.Fatalf("replica counts range %d-%d: %s", lo, hi, describe(p))
 	}
 }
