@@ -169,8 +169,17 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-// DefaultConfig returns a Config with every default filled in, listening on
-// loopback with ports picked by the system where that is allowed.
+// DefaultConfig returns a Config with the defaults of the tuning fields
+// filled in: Shards, ReplicationFactor, SessionTTL, RTT, DeadAfter and
+// LeaseMargin (max(SessionTTL/10, 2 RTT) of those defaults: 1s), a Logger
+// that discards, the operating system's FS and the system Clock. It sets no
+// address, DataDir, Join or BootstrapExpect, and Name stays empty (it
+// defaults to RPCAddr), so it does not Validate until those are filled in:
+// a peer needs a DataDir, three host:port addresses (RaftAddr with a fixed
+// port) and a way into a cluster.
+//
+// LeaseMargin is computed once, here: after changing SessionTTL or RTT on
+// the result, set LeaseMargin again (0 recomputes it at Start).
 func DefaultConfig() Config {
 	c := Config{}
 	c.setDefaults()
