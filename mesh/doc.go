@@ -17,10 +17,11 @@
 //     claiming more than [Config.MaxMembers] members, a compressed message
 //     that inflates beyond the largest legitimate one), so that a few
 //     bytes cannot make memberlist allocate megabytes;
-//   - a dragonboat node registry ([Mesh.NodeRegistryFactory], [Registry]) that
-//     resolves raft targets (NodeHostIDs) to the raft address the owning peer
-//     gossips, for use with NodeHostConfig.Expert.NodeRegistryFactory and
-//     AddressByNodeHostID;
+//   - a dragonboat v4 node registry ([Mesh.NodeRegistryFactory], [Registry])
+//     that resolves raft targets (NodeHostIDs) to the raft address the owning
+//     peer gossips. It goes in NodeHostConfig.Expert.NodeRegistryFactory, in
+//     place of dragonboat's own gossip registry
+//     (NodeHostConfig.DefaultNodeRegistryEnabled, which stays false);
 //   - placement: [Replicas] is a pure rendezvous-hashing function that maps a
 //     shard to the peers that should host its replicas.
 //

@@ -460,12 +460,15 @@ func (m *Mesh) isClosed() bool {
 	return m.closed
 }
 
-// NodeRegistryFactory returns a factory for dragonboat's
-// NodeHostConfig.Expert.NodeRegistryFactory. Use it with
-// NodeHostConfig.AddressByNodeHostID = true: raft targets are NodeHostIDs,
-// and the registry resolves each to the RaftAddr gossiped by the live
-// member whose Meta.NodeHostID matches. Resolution follows the gossip view
-// as it changes; before a peer is seen, Resolve fails with
+// NodeRegistryFactory returns a factory for dragonboat v4's
+// NodeHostConfig.Expert.NodeRegistryFactory. A NodeHost with a registry
+// factory addresses replicas by NodeHostID (as with dragonboat's own gossip
+// registry, NodeHostConfig.DefaultNodeRegistryEnabled, which must then stay
+// false: NewNodeHost refuses both): the targets passed to StartReplica and
+// RequestAddReplica are NodeHostIDs, checked by dragonboat's NodeHostID
+// validator, and the registry resolves each to the RaftAddr gossiped by the
+// live member whose Meta.NodeHostID matches. Resolution follows the gossip
+// view as it changes; before a peer is seen, Resolve fails with
 // [ErrUnknownTarget] and dragonboat retries. Closing the registry does not
 // close the Mesh.
 func (m *Mesh) NodeRegistryFactory() config.NodeRegistryFactory {

@@ -10,7 +10,9 @@ import (
 )
 
 // Registry is a dragonboat node registry (raftio.INodeRegistry) for
-// NodeHosts run with AddressByNodeHostID: it records which NodeHostID hosts
+// NodeHosts that address replicas by NodeHostID, which dragonboat v4 does
+// whenever a registry is configured (NodeHostConfig.Expert.NodeRegistryFactory
+// here; see [Mesh.NodeRegistryFactory]): it records which NodeHostID hosts
 // each (shard, replica) and resolves that NodeHostID to a raft address
 // through a lookup function, normally the gossip view of a [Mesh].
 //

@@ -109,11 +109,23 @@ type Config struct {
 	// the exposed addresses. An address with an empty or unspecified host
 	// (":7946", "0.0.0.0:7946") is not loopback.
 	Insecure bool
-	// Logger receives the node's logs (default: discard). dragonboat's logs
-	// are routed through it with routine Raft events (elections, votes,
-	// peers restarting, leaders stepping down) at Info or Debug and only
-	// what needs an operator at Warn or Error; memberlist's at its own
-	// levels.
+	// Logger receives the node's logs (default: discard): lockmesh's own
+	// lines and memberlist's (at memberlist's levels), tagged peer=Name.
+	//
+	// dragonboat's lines go through a Logger too, with routine Raft events
+	// (elections, votes, peers restarting, leaders stepping down) at Info
+	// or Debug and only what needs an operator at Warn or Error. But
+	// dragonboat's logger is process-wide: the first Start in a process
+	// (past Validate) fixes it to that Config's Logger, the discarding
+	// default if it had none, for the life of the process, also after that
+	// node is closed. A second node started in the same process gets its
+	// own and memberlist's lines through its Logger, while its dragonboat
+	// lines go to the first node's Logger, mixed with the first node's and
+	// without a peer attribute (most of dragonboat's lines name the shard
+	// and replica, as [shard:replica]). Several peers in one process should share one
+	// Logger, or start first the one whose Logger should see Raft's lines.
+	// pebble, dragonboat's log store, writes its few lines (background
+	// errors) to the standard log package instead.
 	Logger *slog.Logger
 
 	// TLS secures lockmesh's own peer-to-peer transport. The same config
@@ -157,8 +169,17 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-// DefaultConfig returns a Config with every default filled in, listening on
-// loopback with ports picked by the system where that is allowed.
+// DefaultConfig returns a Config with the defaults of the tuning fields
+// filled in: Shards, ReplicationFactor, SessionTTL, RTT, DeadAfter and
+// LeaseMargin (max(SessionTTL/10, 2 RTT) of those defaults: 1s), a Logger
+// that discards, the operating system's FS and the system Clock. It sets no
+// address, DataDir, Join or BootstrapExpect, and Name stays empty (it
+// defaults to RPCAddr), so it does not Validate until those are filled in:
+// a peer needs a DataDir, three host:port addresses (RaftAddr with a fixed
+// port) and a way into a cluster.
+//
+// LeaseMargin is computed once, here: after changing SessionTTL or RTT on
+// the result, set LeaseMargin again (0 recomputes it at Start).
 func DefaultConfig() Config {
 	c := Config{}
 	c.setDefaults()

@@ -1,25 +1,54 @@
 package node
 
 import (
+	"log/slog"
 	"runtime"
+	"strings"
 	"testing"
+
+	"github.com/lockmesh/lockmesh/internal/procs"
 )
 
-func TestRaiseGOMAXPROCS(t *testing.T) {
+// A peer hosting replicas with a low GOMAXPROCS says once what to set;
+// a client-only peer, or one whose GOMAXPROCS the environment sets, says
+// nothing.
+func TestHintGOMAXPROCS(t *testing.T) {
 	before := runtime.GOMAXPROCS(0)
 	defer runtime.GOMAXPROCS(before)
-
-	t.Setenv("GOMAXPROCS", "1")
 	runtime.GOMAXPROCS(1)
-	if got := RaiseGOMAXPROCS(); got != 1 || runtime.GOMAXPROCS(0) != 1 {
-		t.Fatalf("with GOMAXPROCS set in the environment: got %d, in effect %d; want 1 left alone", got, runtime.GOMAXPROCS(0))
+
+	hints := func(cfg Config) []slog.Record {
+		rec := newLogRecorder()
+		n := &Node{cfg: cfg, log: slog.New(rec)}
+		n.hintGOMAXPROCS()
+		return *rec.records
 	}
+
 	t.Setenv("GOMAXPROCS", "")
-	if got := RaiseGOMAXPROCS(); got != MinGOMAXPROCS || runtime.GOMAXPROCS(0) != MinGOMAXPROCS {
-		t.Fatalf("got %d, in effect %d; want %d", got, runtime.GOMAXPROCS(0), MinGOMAXPROCS)
+	got := hints(Config{})
+	if len(got) != 1 {
+		t.Fatalf("GOMAXPROCS 1: got %d log lines, want 1 hint", len(got))
 	}
-	runtime.GOMAXPROCS(MinGOMAXPROCS + 4)
-	if got := RaiseGOMAXPROCS(); got != MinGOMAXPROCS+4 {
-		t.Fatalf("a higher GOMAXPROCS was changed to %d", got)
+	msg := got[0].Message
+	if !strings.Contains(msg, "set the GOMAXPROCS environment variable") || strings.Contains(msg, "RaiseGOMAXPROCS") {
+		t.Errorf("hint %q should say to set GOMAXPROCS and name no removed API", msg)
+	}
+	var suggested int64
+	got[0].Attrs(func(a slog.Attr) bool {
+		if a.Key == "suggested" {
+			suggested = a.Value.Int64()
+		}
+		return true
+	})
+	if suggested != procs.Min {
+		t.Errorf("hint suggests %d, want %d", suggested, procs.Min)
+	}
+
+	if got := hints(Config{NoReplicas: true}); len(got) != 0 {
+		t.Errorf("client-only peer logged %q", got[0].Message)
+	}
+	t.Setenv("GOMAXPROCS", "1")
+	if got := hints(Config{}); len(got) != 0 {
+		t.Errorf("GOMAXPROCS set in the environment, yet the peer logged %q", got[0].Message)
 	}
 }

@@ -1,8 +1,10 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -67,24 +69,62 @@ type Member struct {
 	GossipAddr string
 	RaftAddr   string
 	RPCAddr    string
-	// Alive is false for peers gossip considers dead or gone.
+	// Alive is true for a peer gossip currently sees alive. It is false for
+	// a peer the cluster layout lists but gossip does not (declared dead,
+	// left, cut off from this peer, or gossiping metadata this peer cannot
+	// read); such an entry has only Name and Cluster set.
 	Alive bool
 	// Cluster is the id of the cluster the peer belongs to, 0 if none yet.
 	Cluster uint64
 }
 
-// Members lists the peers gossip knows, sorted by name, including this one.
+// Members lists, sorted by name, the peers gossip currently sees alive,
+// this one included, and as not Alive the peers of the cluster layout (as
+// this peer last read it) that gossip does not list. A peer drops out of
+// gossip's list when it leaves or when gossip declares it dead (memberlist's
+// failure detection, seconds); it stays listed as not Alive until the
+// layout forgets it: soon after a Leave, which moved its replicas first,
+// and for a dead peer once the cluster has replaced its replicas, some
+// time after DeadAfter. A client-only peer (NoReplicas) is in no layout,
+// so it simply disappears. Before this peer knows the layout, only
+// gossip's live peers are listed. A peer restarted on a wiped DataDir
+// under its old Name is Alive, as gossip sees the name, while the cluster
+// still waits to replace its old replicas (see Config.DataDir). Members
+// returns nil after Close.
 func (n *Node) Members() []Member {
 	if n.isClosed() {
 		return nil
 	}
-	var out []Member
-	for _, m := range n.mesh.Members() {
+	var layout []string
+	var cluster uint64
+	if p := n.placement.Load(); p != nil {
+		cluster = p.ClusterID
+		for _, pe := range p.Peers {
+			layout = append(layout, pe.Name)
+		}
+	}
+	return listMembers(n.mesh.Members(), layout, cluster)
+}
+
+// listMembers merges the members gossip lists (today only live ones; see
+// mesh.Mesh.Members) with the names of the layout of cluster: a layout
+// peer gossip does not list is added, not Alive.
+func listMembers(seen []mesh.Member, layout []string, cluster uint64) []Member {
+	out := make([]Member, 0, max(len(seen), len(layout)))
+	gossiped := make(map[string]bool, len(seen))
+	for _, m := range seen {
+		gossiped[m.Name] = true
 		out = append(out, Member{
 			Name: m.Name, GossipAddr: m.Addr, RaftAddr: m.Meta.RaftAddr, RPCAddr: m.Meta.RPCAddr,
 			Alive: m.State == mesh.StateAlive, Cluster: m.Meta.Cluster,
 		})
 	}
+	for _, name := range layout {
+		if !gossiped[name] {
+			out = append(out, Member{Name: name, Cluster: cluster})
+		}
+	}
+	slices.SortFunc(out, func(a, b Member) int { return cmp.Compare(a.Name, b.Name) })
 	return out
 }
 

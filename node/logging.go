@@ -13,7 +13,13 @@ import (
 
 // dragonboat's logger is process-wide and can be installed once; it writes
 // through the logger of the first node started in the process, at the
-// levels dbLevel gives each line.
+// levels dbLevel gives each line. That is the first Config.Logger after
+// defaults, so a first node without one discards dragonboat's lines for
+// the whole process. Later nodes' Loggers are never used for dragonboat:
+// their NodeHosts' lines go to the first node's Logger, untagged by peer
+// (start passes cfg.Logger, not the node's logger with its peer
+// attribute), and the first Logger stays installed after its node
+// closes. Config.Logger documents this for users; tests swap dbLogger.
 //
 // pebble, dragonboat's log store, does not log through this factory: its
 // few lines (background errors) go to the standard log package.

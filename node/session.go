@@ -608,6 +608,8 @@ func (n *Node) closeSessions() {
 	wg.Wait()
 }
 
+// describe names an unexpected result for an error text or a log line,
+// by status name ("Invalid"), not number.
 func describe(r lockfsm.Result) string {
 	if r.Err != "" {
 		return fmt.Sprintf("status %v: %s", r.Status, r.Err)

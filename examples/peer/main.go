@@ -62,6 +62,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/procs"
 	"github.com/lockmesh/lockmesh/node"
 )
 
@@ -88,9 +89,9 @@ type config struct {
 
 func main() {
 	// A peer process: more Ps than cores keep fsyncs from stalling the
-	// Go scheduler (see node.RaiseGOMAXPROCS). GOMAXPROCS in the
+	// Go scheduler (see internal/procs). GOMAXPROCS in the
 	// environment still wins.
-	node.RaiseGOMAXPROCS()
+	procs.Raise()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -16,13 +16,15 @@ import (
 	"slices"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/procs"
 	"github.com/lockmesh/lockmesh/node"
 )
 
 func main() {
 	// This process runs 3 peers: more Ps than cores keep their fsyncs from
-	// stalling the Go scheduler (see node.RaiseGOMAXPROCS).
-	node.RaiseGOMAXPROCS()
+	// stalling the Go scheduler (see internal/procs). GOMAXPROCS in the
+	// environment still wins.
+	procs.Raise()
 	if err := run(context.Background(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
