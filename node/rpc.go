@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/lockmesh/lockmesh/internal/msgcheck"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -73,9 +74,15 @@ type notifyReq struct {
 
 func encodeBody(v any) ([]byte, error) { return msgpack.Marshal(v) }
 
+// decodeBody decodes an RPC body from a peer, which may be anyone who
+// reaches the port: its shape is checked first, so that lengths it claims
+// cannot make msgpack allocate more than a small multiple of its size.
 func decodeBody(b []byte, v any) error {
 	if len(b) > maxBodySize {
 		return fmt.Errorf("rpc body of %d bytes exceeds %d", len(b), maxBodySize)
+	}
+	if err := msgcheck.Shape(b); err != nil {
+		return fmt.Errorf("rpc body: %w", err)
 	}
 	return msgpack.Unmarshal(b, v)
 }
