@@ -98,7 +98,9 @@ func (n *Node) coordinate(members []mesh.Member) error {
 	var idb [8]byte
 	_, _ = rand.Read(idb[:])
 	cid := binary.BigEndian.Uint64(idb[:]) | 1
-	p := layout.New(cid, n.cfg.Shards, n.cfg.ReplicationFactor, layout.KeySchemeHashTag, peers)
+	level := newClusterLevel(n.topLevel(), members)
+	p := layout.New(cid, n.cfg.Shards, n.cfg.ReplicationFactor, keySchemeFor(level), peers)
+	p.Level = uint32(level)
 	raw, err := layout.Encode(p)
 	if err != nil {
 		return err

@@ -117,6 +117,11 @@ func (n *Node) controlStep() error {
 		return n.proposePlacement(ctx, q)
 	}
 
+	// 1b. Raise the feature level once every peer speaks a newer one.
+	if raised, err := n.raiseLevel(ctx, p, n.mesh.Members()); raised || err != nil {
+		return err
+	}
+
 	// 2. Track dead peers; forget the gone ones that host nothing.
 	n.ctrl.mu.Lock()
 	eligible := []string{}

@@ -114,6 +114,10 @@ func (h *halter) check() error {
 	return fmt.Errorf("%w: %w", sm.ErrSnapshotAborted, h.err)
 }
 
+// stateReader, passed to Lookup, reads the state machine's state under
+// dragonboat's read lock (tests compare replicas with it).
+type stateReader func(*lockfsm.State) any
+
 // lockQuery is what Lookup answers; exactly one kind is set.
 type lockQuery struct {
 	Kind    uint8  `msgpack:"k"`
@@ -142,6 +146,9 @@ type lockAnswer struct {
 func (s *lockSM) Lookup(q any) (any, error) {
 	if err := s.halt.err; err != nil {
 		return nil, err
+	}
+	if read, ok := q.(stateReader); ok {
+		return read(s.state), nil
 	}
 	lq, ok := q.(lockQuery)
 	if !ok {

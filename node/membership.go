@@ -385,6 +385,9 @@ func (n *Node) updatePlacement(q *layout.Placement) error {
 		n.refuseLayout(ie)
 		return ie
 	}
+	if err := n.checkLevel(q); err != nil {
+		return err
+	}
 	if err := n.saveRecord(q); err != nil {
 		return err
 	}

@@ -50,6 +50,9 @@ type Node struct {
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
 	refusal   atomic.Pointer[layout.IdentityError]
+	// levelRefusal is why this peer does not adopt the cluster's layout:
+	// the cluster runs at a feature level it does not speak.
+	levelRefusal atomic.Pointer[error]
 	joinAddrs []string // Config.Join and the known peers, set by open
 
 	batchMu  sync.Mutex
@@ -354,6 +357,9 @@ func (n *Node) waitReady(ctx context.Context) (*layout.Placement, error) {
 		if r := n.refusal.Load(); r != nil {
 			return nil, fmt.Errorf("%w: not admitted to the cluster yet: %w: %w", ErrUnavailable, r, ctx.Err())
 		}
+		if r := n.levelRefusal.Load(); r != nil {
+			return nil, fmt.Errorf("%w: %w: %w", ErrUnavailable, *r, ctx.Err())
+		}
 		if je := n.mesh.JoinError(); je != nil {
 			return nil, fmt.Errorf("%w: not joined: no Join address answered (%v): %w", ErrUnavailable, je, ctx.Err())
 		}
@@ -371,6 +377,9 @@ func (n *Node) waitReady(ctx context.Context) (*layout.Placement, error) {
 func (n *Node) adopt(p *layout.Placement) error {
 	if ie := p.CheckIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
 		return ie
+	}
+	if err := n.checkLevel(p); err != nil {
+		return err
 	}
 	if err := n.saveRecord(p); err != nil {
 		return err

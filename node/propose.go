@@ -114,7 +114,9 @@ func (b *batcher) commit(batch []*pending) {
 	for i, p := range batch {
 		cmds[i] = p.cmd
 	}
-	data, err := lockfsm.EncodeCommands(cmds)
+	// Written in the format of the cluster's level, which every replica
+	// reads; a layout this peer knows may lag, never lead, the level.
+	data, err := lockfsm.EncodeCommandsFormat(commandFormat(b.n.clusterLevel()), cmds)
 	if err != nil {
 		failAll(batch, err)
 		return
@@ -247,7 +249,7 @@ func (n *Node) propose(ctx context.Context, shard uint64, data []byte) ([]lockfs
 	if hosted && (leader == "" || leader == n.cfg.Name) {
 		return n.proposeLocal(ctx, shard, data)
 	}
-	body, err := encodeBody(proposeReq{Shard: shard, Cmds: data})
+	body, err := encodeBody(proposeReq{Shard: shard, Cmds: data, Level: n.topLevel()})
 	if err != nil {
 		return nil, err
 	}
@@ -345,7 +347,7 @@ func (n *Node) read(ctx context.Context, shard uint64, q lockQuery) (lockAnswer,
 	if n.hostsShard(shard) {
 		return n.readLocal(ctx, shard, q)
 	}
-	body, err := encodeBody(readReq{Shard: shard, Query: q})
+	body, err := encodeBody(readReq{Shard: shard, Query: q, Level: n.topLevel()})
 	if err != nil {
 		return lockAnswer{}, err
 	}

@@ -40,11 +40,27 @@ const (
 	codeRejected                      // bootstrap plan refused
 	codeNoCluster                     // this peer is not part of a cluster yet
 	codeClosed                        // the peer is shutting down
+	codeIncompatible                  // the caller does not speak the cluster's feature level
 )
 
+// checkSender refuses a request from a peer whose newest feature level,
+// as the request says, is below the cluster's.
+func (n *Node) checkSender(level uint8) error {
+	if cl := n.clusterLevel(); max(level, 1) < cl {
+		return rpcError(codeIncompatible, "%v: the caller speaks feature levels up to %d, but the cluster runs at level %d: upgrade it (see docs/UPGRADING.md)",
+			ErrIncompatible, max(level, 1), cl)
+	}
+	return nil
+}
+
+// Requests that route by key carry the newest feature level their sender
+// speaks (0 from releases before levels, which read as 1): a peer that
+// does not speak the cluster's level may place keys by another rule, so
+// its requests are refused (checkSender).
 type proposeReq struct {
 	Shard uint64 `msgpack:"s"`
-	Cmds  []byte `msgpack:"c"` // lockfsm.EncodeCommands
+	Cmds  []byte `msgpack:"c"` // lockfsm.EncodeCommandsFormat
+	Level uint8  `msgpack:"v,omitempty"`
 }
 
 type proposeResp struct {
@@ -55,6 +71,7 @@ type proposeResp struct {
 type readReq struct {
 	Shard uint64    `msgpack:"s"`
 	Query lockQuery `msgpack:"q"`
+	Level uint8     `msgpack:"v,omitempty"`
 }
 
 type keepAliveReq struct {
@@ -111,10 +128,16 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
+		if err := n.checkSender(req.Level); err != nil {
+			return nil, err
+		}
 		return n.serveProposal(ctx, req)
 	case methodRead:
 		var req readReq
 		if err := decodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		if err := n.checkSender(req.Level); err != nil {
 			return nil, err
 		}
 		a, err := n.serveRead(ctx, req)

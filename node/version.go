@@ -1,9 +1,12 @@
 package node
 
 import (
+	"context"
 	"fmt"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
+	"github.com/lockmesh/lockmesh/mesh"
 )
 
 // Feature levels. A cluster runs at one feature level, recorded in its
@@ -44,4 +47,84 @@ func (n *Node) topLevel() uint8 {
 func levelError(level, top uint8) error {
 	return fmt.Errorf("%w: the cluster runs at feature level %d, and this peer speaks levels %d to %d: "+
 		"upgrade it (see docs/UPGRADING.md)", ErrIncompatible, level, minLevel, top)
+}
+
+// levelOf is the feature level layout p records; layouts written before
+// levels existed have none and are level 1.
+func levelOf(p *layout.Placement) uint8 {
+	if p == nil || p.Level == 0 {
+		return 1
+	}
+	return uint8(min(p.Level, 255))
+}
+
+// clusterLevel is the feature level of the layout this peer knows: what
+// it writes entries at. Before it knows a layout, 1.
+func (n *Node) clusterLevel() uint8 { return levelOf(n.placement.Load()) }
+
+// checkLevel refuses a layout whose level this peer does not speak, and
+// otherwise tells the mesh the level, so peers that do not speak it are
+// refused. A refusal is logged once per level and kept for waitReady.
+func (n *Node) checkLevel(p *layout.Placement) error {
+	level := levelOf(p)
+	if level > n.topLevel() || level < minLevel {
+		err := levelError(level, n.topLevel())
+		if old := n.levelRefusal.Swap(&err); old == nil || (*old).Error() != err.Error() {
+			n.log.Error("refusing the cluster layout", "err", err)
+		}
+		return err
+	}
+	n.levelRefusal.Store(nil)
+	n.mesh.SetLevel(level)
+	return nil
+}
+
+// newClusterLevel is the level a cluster formed by members starts at: the
+// newest they all speak.
+func newClusterLevel(top uint8, members []mesh.Member) uint8 {
+	level := top
+	for _, m := range members {
+		level = min(level, max(m.Meta.Version, 1))
+	}
+	return level
+}
+
+// keySchemeFor is the key scheme a new cluster at level uses: hash tags
+// from level 2 on. Peers of level 1 (releases before levels) hash whole
+// keys and ignore the scheme field, so a cluster they may serve must hash
+// whole keys for ever.
+func keySchemeFor(level uint8) uint8 {
+	if level >= 2 {
+		return layout.KeySchemeHashTag
+	}
+	return layout.KeySchemeWhole
+}
+
+// raiseLevel, run by the controller on the meta leader, raises the
+// cluster's feature level to the newest that every peer of the layout and
+// every member of the mesh speaks. A peer of the layout that gossip does
+// not see alive holds the level where it is: it may be an old release
+// that comes back. It returns whether it proposed a new layout.
+func (n *Node) raiseLevel(ctx context.Context, p *layout.Placement, members []mesh.Member) (bool, error) {
+	target := n.topLevel()
+	seen := map[string]bool{}
+	for _, m := range members {
+		if m.State != mesh.StateAlive {
+			continue
+		}
+		seen[m.Name] = true
+		target = min(target, max(m.Meta.Version, 1))
+	}
+	for _, pe := range p.Peers {
+		if !seen[pe.Name] {
+			return false, nil
+		}
+	}
+	if target <= levelOf(p) {
+		return false, nil
+	}
+	q := p.Next()
+	q.Level = uint32(target)
+	n.log.Info("raising the cluster's feature level", "from", levelOf(p), "to", target, "epoch", q.Epoch)
+	return true, n.proposePlacement(ctx, q)
 }

@@ -154,3 +154,179 @@ func waitHalted(t *testing.T, n *Node, shard uint64) *HaltError {
 	t.Fatalf("%s: replica of shard %d did not halt", n.cfg.Name, shard)
 	return nil
 }
+
+// replicaDigests reads the canonical snapshot of each running replica of
+// shard, by peer name.
+func replicaDigests(t *testing.T, peers []*testPeer, shard uint64) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, p := range peers {
+		if !p.node.hostsShard(shard) {
+			continue
+		}
+		v, err := p.node.nh.StaleRead(shard, stateReader(func(s *lockfsm.State) any {
+			var b bytes.Buffer
+			_ = s.Save(&b)
+			return b.String()
+		}))
+		if err != nil {
+			continue
+		}
+		out[p.cfg.Name] = v.(string)
+	}
+	return out
+}
+
+// waitConverged waits until every peer runs a replica of shard and all of
+// them hold the same state: replicas that diverged never converge.
+func waitConverged(t *testing.T, peers []*testPeer, shard uint64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		d := replicaDigests(t, peers, shard)
+		same := len(d) == len(peers)
+		for _, v := range d {
+			same = same && v == d[peers[0].cfg.Name]
+		}
+		if same {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas of shard %d did not converge: %d of %d readable", shard, len(d), len(peers))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A rolling upgrade, with one peer held at feature level 1 (playing the
+// older release). The cluster forms at level 1, hashes whole keys and
+// writes only format-2 entries, so the old peer never halts; an entry of
+// the newer format that reaches it anyway stops its replica instead of
+// being skipped, while the others go on. Once the peer is upgraded, its
+// replica replays that entry, the controller raises the level to 2, and
+// every replica of every shard holds the same state.
+func TestRollingUpgradeFromLevel1(t *testing.T) {
+	o := clusterOpts{expect: 3, shards: 2, rf: 3}
+	var peers []*testPeer
+	for i := range 3 {
+		p := &testPeer{cfg: testConfig(t, fmt.Sprintf("peer-%d", i+1), o)}
+		peers = append(peers, p)
+	}
+	old := peers[2]
+	old.hooks.holdLevel = 1
+	t.Cleanup(func() {
+		for _, p := range peers {
+			p.stop()
+		}
+	})
+	for i, p := range peers {
+		if i > 0 {
+			p.cfg.Join = []string{peers[0].node.GossipAddr()}
+		}
+		p.start(t)
+	}
+	for _, p := range peers {
+		p.waitReady(t)
+	}
+	for _, p := range peers {
+		pl := p.node.placement.Load()
+		if levelOf(pl) != 1 || pl.KeyScheme != layout.KeySchemeWhole {
+			t.Fatalf("%s: cluster formed at level %d with key scheme %d; want 1 and whole keys (peer-3 speaks only 1)", p.cfg.Name, levelOf(pl), pl.KeyScheme)
+		}
+	}
+
+	// Traffic from every peer, across the controller's rounds: nothing
+	// the old peer cannot read is written, and the level stays 1.
+	for round := range 5 {
+		for _, p := range peers {
+			l, err := p.node.Lock(ctxT(t, 10*time.Second), fmt.Sprintf("{order-%d}/items", round))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Unlock(ctxT(t, 10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(peers[0].node.controlInterval())
+	}
+	for shard := layout.FirstLockShard; shard < layout.FirstLockShard+2; shard++ {
+		if he := old.node.haltedShard(shard); he != nil {
+			t.Fatalf("the level-1 peer halted at level 1: %v", he)
+		}
+	}
+	if lv := levelOf(peers[0].node.placement.Load()); lv != 1 {
+		t.Fatalf("level raised to %d while a peer speaks only 1", lv)
+	}
+
+	// A format-3 entry forced into a shard: the old replica stops there.
+	shard := layout.FirstLockShard
+	forced, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{{Op: lockfsm.OpOpenSession, Owner: "forced", TTLMillis: 60_000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peers[0].node.nh.SyncPropose(ctxT(t, 10*time.Second), peers[0].node.nh.GetNoOPSession(shard), forced); err != nil {
+		t.Fatal(err)
+	}
+	he := waitHalted(t, old.node, shard)
+	if !errors.Is(he, lockfsm.ErrVersion) || he.Version != lockfsm.FormatTagged {
+		t.Fatalf("old replica halted with %v", he)
+	}
+	for _, p := range peers[:2] {
+		if he := p.node.haltedShard(shard); he != nil {
+			t.Fatalf("%s halted too: %v", p.cfg.Name, he)
+		}
+	}
+	// The old peer still locks keys of that shard, through the others.
+	for i := 0; ; i++ {
+		key := fmt.Sprintf("k-%d", i)
+		if old.node.placement.Load().ShardOf(key) != shard {
+			continue
+		}
+		l, err := old.node.Lock(ctxT(t, 10*time.Second), key)
+		if err != nil {
+			t.Fatalf("Lock on the halted shard from the old peer: %v", err)
+		}
+		_ = l.Unlock(ctxT(t, 10*time.Second))
+		break
+	}
+
+	// Upgrade: the same data dir, the new release.
+	old.node.Close()
+	old.hooks.holdLevel = 0
+	old.start(t)
+	old.waitReady(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		raised := true
+		for _, p := range peers {
+			raised = raised && levelOf(p.node.placement.Load()) == 2
+		}
+		if raised {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the level was not raised to 2 after the upgrade")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ks := peers[0].node.placement.Load().KeyScheme; ks != layout.KeySchemeWhole {
+		t.Fatalf("the key scheme changed to %d with the level: keys would move between shards", ks)
+	}
+	for _, p := range peers {
+		l, err := p.node.Lock(ctxT(t, 10*time.Second), "after-upgrade")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for s := layout.FirstLockShard; s < layout.FirstLockShard+2; s++ {
+		for _, p := range peers {
+			if he := p.node.haltedShard(s); he != nil {
+				t.Fatalf("%s halted after the upgrade: %v", p.cfg.Name, he)
+			}
+		}
+		waitConverged(t, peers, s)
+	}
+}
