@@ -49,11 +49,11 @@ type Node struct {
 	promDue time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
-	refusal   atomic.Pointer[layout.IdentityError]
+	refusal atomic.Pointer[layout.IdentityError]
 	// levelRefusal is why this peer does not adopt the cluster's layout:
 	// the cluster runs at a feature level it does not speak.
 	levelRefusal atomic.Pointer[error]
-	joinAddrs []string // Config.Join and the known peers, set by open
+	joinAddrs    []string // Config.Join and the known peers, set by open
 
 	batchMu  sync.Mutex
 	batchers map[batcherKey]*batcher

@@ -35,12 +35,12 @@ const (
 
 // Application error codes carried in transport.Error.
 const (
-	codeNotHosted uint16 = 100 + iota // this peer has no replica of the shard
-	codeBusy                          // retryable: shard not ready, timeout, system busy
-	codeRejected                      // bootstrap plan refused
-	codeNoCluster                     // this peer is not part of a cluster yet
-	codeClosed                        // the peer is shutting down
-	codeIncompatible                  // the caller does not speak the cluster's feature level
+	codeNotHosted    uint16 = 100 + iota // this peer has no replica of the shard
+	codeBusy                             // retryable: shard not ready, timeout, system busy
+	codeRejected                         // bootstrap plan refused
+	codeNoCluster                        // this peer is not part of a cluster yet
+	codeClosed                           // the peer is shutting down
+	codeIncompatible                     // the caller does not speak the cluster's feature level
 )
 
 // checkSender refuses a request from a peer whose newest feature level,
