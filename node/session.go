@@ -207,6 +207,22 @@ func (s *Session) shardSession(ctx context.Context, shard uint64) (*session, err
 	}
 }
 
+// openedLocked returns the replicated sessions whose open has finished.
+// s.mu must be held.
+func (s *Session) openedLocked() []*session {
+	var out []*session
+	for _, slot := range s.shards {
+		select {
+		case <-slot.done:
+			if slot.s != nil {
+				out = append(out, slot.s)
+			}
+		default:
+		}
+	}
+	return out
+}
+
 // end ends the session on this side with err, once, and returns its
 // replicated sessions, each lost with err.
 func (s *Session) end(err error) []*session {
@@ -217,16 +233,7 @@ func (s *Session) end(err error) []*session {
 	}
 	s.err = err
 	close(s.done)
-	var ss []*session
-	for _, slot := range s.shards {
-		select {
-		case <-slot.done:
-			if slot.s != nil {
-				ss = append(ss, slot.s)
-			}
-		default:
-		}
-	}
+	ss := s.openedLocked()
 	s.mu.Unlock()
 	s.n.sessMu.Lock()
 	delete(s.n.sessions, s)
@@ -342,13 +349,9 @@ func (n *Node) liveSessions() []*session {
 	for _, o := range owners {
 		o.mu.Lock()
 		if o.err == nil && !o.orphaned {
-			for _, slot := range o.shards {
-				select {
-				case <-slot.done:
-					if slot.s != nil && !slot.s.isLost() {
-						out = append(out, slot.s)
-					}
-				default:
+			for _, s := range o.openedLocked() {
+				if !s.isLost() {
+					out = append(out, s)
 				}
 			}
 		}
