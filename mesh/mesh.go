@@ -625,8 +625,29 @@ func (e eventDelegate) NotifyUpdate(n *memberlist.Node) { e.m.observe(n, false) 
 // SetLevel tells the mesh the cluster's feature level once it is known (a
 // node learns it from the cluster layout). From then on a peer is admitted
 // only if it speaks that level; before, only if its versions overlap this
-// peer's. Members already admitted stay.
-func (m *Mesh) SetLevel(level uint8) { m.level.Store(uint32(level)) }
+// peer's. Members already in the view that do not speak it leave the view
+// (an EventLeave each), so nothing resolves to them any more; memberlist
+// refuses their later alive messages.
+func (m *Mesh) SetLevel(level uint8) {
+	if uint32(level) == m.level.Swap(uint32(level)) {
+		return
+	}
+	m.viewMu.Lock()
+	defer m.viewMu.Unlock()
+	for name, mem := range m.view {
+		lo, hi := mem.Meta.versions()
+		if name == m.cfg.Name || (lo <= level && level <= hi) {
+			continue
+		}
+		m.log.Warn("mesh: dropping a member that does not speak the cluster's level", "member", name,
+			"speaks", fmt.Sprintf("%d to %d", lo, hi), "level", level)
+		m.forget(mem)
+		mem.State = StateLeft
+		if m.events != nil {
+			m.events.push(Event{Kind: EventLeave, Member: mem})
+		}
+	}
+}
 
 // admit decides whether the member name with metadata raw may join the
 // view: its protocol versions must include the cluster's level, or, before

@@ -111,6 +111,13 @@ func (n *Node) controlStep() error {
 		if _, ok := p.Peer(name); ok || m.Meta.NoReplicas || (m.Meta.Cluster != 0 && m.Meta.Cluster != p.ClusterID) {
 			continue
 		}
+		if !speaks(m.Meta, levelOf(p)) {
+			// Its replicas could not read the log (a release before
+			// levels would even skip what it cannot read).
+			n.log.Warn("not admitting a peer that does not speak the cluster's feature level", "peer", name,
+				"speaks", fmt.Sprintf("%d to %d", m.Meta.MinVersion, m.Meta.Version), "level", levelOf(p))
+			continue
+		}
 		q := p.Next()
 		q.AddPeer(layout.Peer{Name: name, NodeHostID: m.Meta.NodeHostID})
 		n.log.Info("admitting peer", "peer", name, "epoch", q.Epoch)
@@ -333,7 +340,7 @@ func (n *Node) removeReplica(ctx context.Context, shard uint64, r layout.Replica
 		slices.Sort(others)
 		moved := false
 		for _, target := range others {
-			_, _ = n.callPeerName(ctx, r.Peer, methodTransferLeader, mustEncode(transferReq{Shard: shard, Target: target}))
+			_, _ = n.callPeerWith(ctx, r.Peer, methodTransferLeader, transferReq{Shard: shard, Target: target})
 			deadline := time.Now().Add(30 * n.cfg.RTT)
 			for !moved && time.Now().Before(deadline) {
 				time.Sleep(n.cfg.RTT)
@@ -475,7 +482,7 @@ func (n *Node) balanceLeaders(ctx context.Context, p *layout.Placement, eligible
 	n.ctrl.mu.Lock()
 	n.ctrl.lastTransfer = time.Now()
 	n.ctrl.mu.Unlock()
-	_, err := n.callPeerName(ctx, mv.From, methodTransferLeader, mustEncode(transferReq{Shard: mv.Shard, Target: mv.Target}))
+	_, err := n.callPeerWith(ctx, mv.From, methodTransferLeader, transferReq{Shard: mv.Shard, Target: mv.Target})
 	return err
 }
 
@@ -505,6 +512,6 @@ func (n *Node) peerStatus(ctx context.Context, name string) (statusResp, error) 
 // caughtUp asks peer whether its replica of shard serves a linearizable
 // read: it is a member and has applied everything committed before it.
 func (n *Node) caughtUp(ctx context.Context, peer string, shard uint64) error {
-	_, err := n.callPeerName(ctx, peer, methodCaughtUp, mustEncode(shardReq{Shard: shard}))
+	_, err := n.callPeerWith(ctx, peer, methodCaughtUp, shardReq{Shard: shard})
 	return err
 }

@@ -106,12 +106,15 @@ func (h *halter) stop(shard uint64, e sm.Entry, cause error) *HaltError {
 	return h.err
 }
 
-// check returns the halt error, wrapped as a failed read or snapshot.
+// check returns, after a halt, the error that aborts a snapshot. It wraps
+// sm.ErrSnapshotAborted alone: dragonboat tells an aborted save from a
+// failed one (which panics the process) with cockroachdb/errors, whose Is
+// follows only a single Unwrap chain, so the halt error is only text here.
 func (h *halter) check() error {
 	if h.err == nil {
 		return nil
 	}
-	return fmt.Errorf("%w: %w", sm.ErrSnapshotAborted, h.err)
+	return fmt.Errorf("%w: %v", sm.ErrSnapshotAborted, h.err)
 }
 
 // stateReader, passed to Lookup, reads the state machine's state under
@@ -208,6 +211,15 @@ func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
 	// peer) never lose each other's changes; the loser reads and retries.
 	if p.Epoch != m.epoch+1 {
 		return sm.Result{Value: 0}, nil // rejected: not derived from the current layout
+	}
+	// What keys map to never changes, and the level never goes down: a
+	// writer that would change them (a release that does not know the
+	// fields) is refused.
+	if len(m.placement) > 0 {
+		if cur, err := layout.Decode(m.placement); err == nil && (cur.ClusterID != p.ClusterID ||
+			cur.Shards != p.Shards || cur.KeyScheme != p.KeyScheme || levelOf(p) < levelOf(cur)) {
+			return sm.Result{Value: 0, Data: []byte("layout changes the cluster id, shards, key scheme or lowers the level")}, nil
+		}
 	}
 	m.epoch = p.Epoch
 	m.placement = append([]byte(nil), e.Cmd...)

@@ -14,21 +14,29 @@ import (
 
 // keepAliveLoop sends this peer's keepalives: one call per shard per round
 // to the shard's leader, carrying every session this peer has there. A
-// round comes every quarter of the shortest TTL among the live sessions.
+// round starts every quarter of the shortest TTL among the live sessions,
+// counted from the start of the last round (a slow round does not push
+// the next one back), and a session opened with a shorter TTL moves the
+// next round up.
 func (n *Node) keepAliveLoop() {
+	last := time.Now()
 	t := time.NewTimer(n.cfg.SessionTTL / 4)
 	defer t.Stop()
 	for {
 		select {
 		case <-n.stop:
 			return
+		case <-n.keepAliveKick:
+			t.Reset(max(0, time.Until(last.Add(n.keepAliveInterval(n.liveSessions())))))
+			continue
 		case <-t.C:
 		}
-		interval := n.cfg.SessionTTL / 4
+		last = time.Now()
+		ss := n.liveSessions()
+		interval := n.keepAliveInterval(ss)
 		byShard := map[uint64][]*session{}
-		for _, s := range n.liveSessions() {
+		for _, s := range ss {
 			byShard[s.shard] = append(byShard[s.shard], s)
-			interval = min(interval, s.owner.ttl/4)
 		}
 		var wg sync.WaitGroup
 		for shard, ss := range byShard {
@@ -39,7 +47,25 @@ func (n *Node) keepAliveLoop() {
 			}()
 		}
 		wg.Wait()
-		t.Reset(interval)
+		t.Reset(max(0, time.Until(last.Add(interval))))
+	}
+}
+
+// keepAliveInterval is a quarter of the shortest TTL of ss, and of
+// Config.SessionTTL.
+func (n *Node) keepAliveInterval(ss []*session) time.Duration {
+	interval := n.cfg.SessionTTL / 4
+	for _, s := range ss {
+		interval = min(interval, s.owner.ttl/4)
+	}
+	return interval
+}
+
+// kickKeepAlives tells the keepalive loop a session opened.
+func (n *Node) kickKeepAlives() {
+	select {
+	case n.keepAliveKick <- struct{}{}:
+	default:
 	}
 }
 

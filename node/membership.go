@@ -38,21 +38,25 @@ type statusResp struct {
 	Replicas map[uint64]uint64 `msgpack:"r"` // shard -> local replica id
 	Leaders  map[uint64]uint64 `msgpack:"l"` // shard -> leader replica id, as seen here
 	Leading  []uint64          `msgpack:"x"` // shards this peer leads
+	// Level is the newest feature level the peer speaks; 0 from releases
+	// before levels, which speak only level 1.
+	Level uint8 `msgpack:"v,omitempty"`
 }
 
-func mustEncode(v any) []byte {
-	b, err := encodeBody(v)
+// callPeerWith encodes req and calls the peer named name with it.
+func (n *Node) callPeerWith(ctx context.Context, name string, method uint8, req any) ([]byte, error) {
+	body, err := encodeBody(req)
 	if err != nil {
-		panic(fmt.Sprintf("encode %T: %v", v, err)) // only fixed, encodable types reach here
+		return nil, err
 	}
-	return b
+	return n.callPeerName(ctx, name, method, body)
 }
 
 // serveMembership answers the controller's and leaving peers' requests.
 func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) ([]byte, error) {
 	switch method {
 	case methodStatus:
-		st := statusResp{Replicas: map[uint64]uint64{}, Leaders: map[uint64]uint64{}}
+		st := statusResp{Replicas: map[uint64]uint64{}, Leaders: map[uint64]uint64{}, Level: n.topLevel()}
 		n.runMu.Lock()
 		for shard, id := range n.running {
 			st.Replicas[shard] = id
@@ -185,7 +189,10 @@ func (n *Node) callPeerName(ctx context.Context, name string, method uint8, body
 // configChange asks a host of the shard to change its Raft membership.
 func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 	p := n.placement.Load()
-	body := mustEncode(req)
+	body, err := encodeBody(req)
+	if err != nil {
+		return err
+	}
 	var lastErr error = errors.New("no host")
 	for attempt := 0; attempt < 20; attempt++ {
 		hosts := p.HostNames(req.Shard)
@@ -212,7 +219,11 @@ func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 // membership reads shard's Raft membership from a peer hosting it.
 func (n *Node) membership(ctx context.Context, shard uint64) (membershipResp, error) {
 	var m membershipResp
-	raw, err := n.callHost(ctx, shard, methodMembership, mustEncode(shardReq{Shard: shard}))
+	body, err := encodeBody(shardReq{Shard: shard})
+	if err != nil {
+		return m, err
+	}
+	raw, err := n.callHost(ctx, shard, methodMembership, body)
 	if err == nil {
 		err = decodeBody(raw, &m)
 	}

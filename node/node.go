@@ -60,9 +60,11 @@ type Node struct {
 
 	// sessMu guards the live Sessions (keepalives and Close reach them
 	// here) and the default session of each shard (Node.Lock).
-	sessMu   sync.Mutex
-	sessions map[*Session]struct{}
-	defaults map[uint64]*Session
+	sessMu         sync.Mutex
+	sessions       map[*Session]struct{}
+	defaults       map[uint64]*Session
+	sessionsClosed bool          // set by Close: no new Session
+	keepAliveKick  chan struct{} // a session opened: its TTL may be the shortest
 
 	waitMu  sync.Mutex
 	waiters map[waiterKey]chan uint64
@@ -100,19 +102,20 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	cfg.setDefaults()
 	installDragonboatLogger(cfg.Logger)
 	n := &Node{
-		cfg:      cfg,
-		hooks:    hooks,
-		log:      cfg.Logger.With("peer", cfg.Name),
-		stop:     make(chan struct{}),
-		ready:    make(chan struct{}),
-		batchers: map[batcherKey]*batcher{},
-		sessions: map[*Session]struct{}{},
-		defaults: map[uint64]*Session{},
-		waiters:  map[waiterKey]chan uint64{},
-		notifyQ:  make(chan notifyJob, 4096),
-		leaders:  map[uint64]string{},
-		halted:   map[uint64]*HaltError{},
-		running:  map[uint64]uint64{},
+		cfg:           cfg,
+		hooks:         hooks,
+		log:           cfg.Logger.With("peer", cfg.Name),
+		stop:          make(chan struct{}),
+		ready:         make(chan struct{}),
+		batchers:      map[batcherKey]*batcher{},
+		sessions:      map[*Session]struct{}{},
+		defaults:      map[uint64]*Session{},
+		keepAliveKick: make(chan struct{}, 1),
+		waiters:       map[waiterKey]chan uint64{},
+		notifyQ:       make(chan notifyJob, 4096),
+		leaders:       map[uint64]string{},
+		halted:        map[uint64]*HaltError{},
+		running:       map[uint64]uint64{},
 	}
 	n.leases.init(n.cfg, n.hooks)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -443,8 +446,17 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 		return fmt.Errorf("start replica %d of shard %d: %w", r.ID, shard, err)
 	}
 	n.runMu.Lock()
-	n.running[shard] = r.ID
+	he := n.halted[shard]
+	if he == nil {
+		n.running[shard] = r.ID
+	}
 	n.runMu.Unlock()
+	if he != nil {
+		// It halted while replaying its log, before it counted as
+		// running, so haltReplica found nothing to stop.
+		n.stopHalted(he.Shard, r.ID)
+		return he
+	}
 	return nil
 }
 
@@ -486,12 +498,15 @@ func (n *Node) haltReplica(he *HaltError) {
 	if !ok {
 		return
 	}
-	n.goFunc(func() {
-		n.leases.Drop(he.Shard)
-		if err := n.nh.StopReplica(he.Shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
-			n.log.Warn("stop halted replica", "shard", he.Shard, "replica", id, "err", err)
-		}
-	})
+	n.goFunc(func() { n.stopHalted(he.Shard, id) })
+}
+
+// stopHalted stops the halted replica id of shard, keeping its data.
+func (n *Node) stopHalted(shard, id uint64) {
+	n.leases.Drop(shard)
+	if err := n.nh.StopReplica(shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
+		n.log.Warn("stop halted replica", "shard", shard, "replica", id, "err", err)
+	}
 }
 
 // haltedShard returns why this peer's replica of shard halted, or nil.

@@ -37,18 +37,30 @@ func (n *Node) removeWaiter(shard, session, req uint64) {
 }
 
 // wake hands token (or verifyGrant) to the waiter of (shard, session, req),
-// if it is still waiting. A token is never replaced by a notice.
+// if it is still waiting. A token replaces a pending notice; a notice
+// never replaces anything.
 func (n *Node) wake(shard, session, req, token uint64) {
 	n.waitMu.Lock()
+	defer n.waitMu.Unlock()
 	ch := n.waiters[waiterKey{shard, session, req}]
-	n.waitMu.Unlock()
 	if ch == nil {
 		return
 	}
 	select {
 	case ch <- token:
+		return
 	default:
 	}
+	if token == verifyGrant {
+		return
+	}
+	// Full: it holds a notice (or this same token). Swap it for the token;
+	// wakes are sent under waitMu, so nothing refills it meanwhile.
+	select {
+	case <-ch:
+	default:
+	}
+	ch <- token
 }
 
 // notifyJob is a grant to push to the peer owning the session.

@@ -45,7 +45,8 @@ type sessionOptions struct {
 // WithTTL sets the session's time to live: how long the cluster keeps its
 // locks after its keepalives stop (a crash, a partition). It must be at
 // least 40 RTT and more than twice Config.LeaseMargin. The default is
-// Config.SessionTTL.
+// Config.SessionTTL. A holder gives its lease up Config.LeaseMargin, or a
+// tenth of the TTL if that is longer, before the TTL runs out.
 func WithTTL(d time.Duration) SessionOption {
 	return func(o *sessionOptions) { o.ttl = d }
 }
@@ -72,7 +73,7 @@ func (n *Node) newSession(ttl time.Duration) (*Session, error) {
 	s := &Session{n: n, ttl: ttl, shards: map[uint64]*sessionSlot{}, done: make(chan struct{})}
 	n.sessMu.Lock()
 	defer n.sessMu.Unlock()
-	if n.isClosed() {
+	if n.sessionsClosed || n.isClosed() {
 		return nil, ErrClosed
 	}
 	n.sessions[s] = struct{}{}
@@ -81,6 +82,12 @@ func (n *Node) newSession(ttl time.Duration) (*Session, error) {
 
 // TTL returns the session's time to live.
 func (s *Session) TTL() time.Duration { return s.ttl }
+
+// margin is how much earlier than its TTL after the last acknowledged
+// keepalive the holder gives its lease up: Config.LeaseMargin, and at
+// least a tenth of the TTL, so that a long TTL keeps the same tolerance of
+// clock-rate differences (docs/SAFETY.md) as the default one.
+func (s *Session) margin() time.Duration { return max(s.n.cfg.LeaseMargin, s.ttl/10) }
 
 // Done is closed when the session ends: lost (ErrLeaseExpired), closed
 // (ErrSessionClosed) or ended with its node (ErrClosed). Err says which.
@@ -186,12 +193,23 @@ func (s *Session) shardSession(ctx context.Context, shard uint64) (*session, err
 			s.shards[shard] = slot
 			s.mu.Unlock()
 			slot.s, slot.err = s.n.openSession(ctx, s, shard)
+			// Published under s.mu: either end already ran (and did not
+			// see this slot), so the new session is ended here, or end
+			// runs later and ends it with the others.
+			s.mu.Lock()
 			if slot.err != nil {
-				s.mu.Lock()
 				delete(s.shards, shard)
-				s.mu.Unlock()
 			}
 			close(slot.done)
+			ended := s.err
+			s.mu.Unlock()
+			if ended != nil && slot.s != nil {
+				slot.s.loseLocally(ended)
+				if !s.isOrphaned() {
+					s.n.goFunc(func() { _ = slot.s.closeOnCluster(s.n.ctx) })
+				}
+				return nil, ended
+			}
 			return slot.s, slot.err
 		}
 		s.mu.Unlock()
@@ -252,10 +270,12 @@ func (s *Session) end(err error) []*session {
 // lost ends the session because one of its replicated sessions was lost,
 // and closes the others on the cluster so their keys pass on at once.
 func (s *Session) lost(err error) {
+	if s.n.isClosed() || errors.Is(err, ErrClosed) || s.isOrphaned() {
+		s.end(err)
+		return
+	}
 	for _, sh := range s.end(err) {
-		if !sh.n.isClosed() && !s.isOrphaned() {
-			sh.n.goFunc(func() { _ = sh.closeOnCluster(sh.n.ctx) })
-		}
+		s.n.goFunc(func() { _ = sh.closeOnCluster(s.n.ctx) })
 	}
 }
 
@@ -310,7 +330,7 @@ type session struct {
 func (n *Node) openSession(ctx context.Context, owner *Session, shard uint64) (*session, error) {
 	sent := n.now()
 	res, err := n.apply(ctx, shard, lockfsm.Command{
-		Op: lockfsm.OpOpenSession, Owner: n.cfg.Name, TTLMillis: uint64(owner.ttl / time.Millisecond),
+		Op: lockfsm.OpOpenSession, Owner: n.cfg.Name, TTLMillis: uint64((owner.ttl + time.Millisecond - 1) / time.Millisecond),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open session on shard %d: %w", shard, err)
@@ -327,12 +347,7 @@ func (n *Node) openSession(ctx context.Context, owner *Session, shard uint64) (*
 	s.extendLocked(sent)
 	s.mu.Unlock()
 	n.log.Debug("session opened", "shard", shard, "session", s.id)
-	if owner.Err() != nil {
-		// The owner ended while this opened: it was not among the
-		// sessions end lost, so close it now.
-		s.loseLocally(owner.Err())
-		n.goFunc(func() { _ = s.closeOnCluster(n.ctx) })
-	}
+	n.kickKeepAlives()
 	return s, nil
 }
 
@@ -467,7 +482,7 @@ func (s *session) extend(sent time.Time) {
 }
 
 func (s *session) extendLocked(sent time.Time) {
-	d := sent.Add(s.owner.ttl - s.n.cfg.LeaseMargin)
+	d := sent.Add(s.owner.ttl - s.owner.margin())
 	if d.Before(s.deadline) {
 		return
 	}
@@ -522,13 +537,9 @@ func (s *session) isLost() bool {
 // session (with the Session's others) is closed on the cluster in the
 // background so its locks are handed on without waiting for the TTL.
 func (s *session) lose(err error) {
-	if !s.loseLocally(err) {
-		return
+	if s.loseLocally(err) {
+		s.owner.lost(err) // closes this one on the cluster with the others
 	}
-	if !s.n.isClosed() && !errors.Is(err, ErrClosed) && !s.owner.isOrphaned() {
-		s.n.goFunc(func() { _ = s.closeOnCluster(s.n.ctx) })
-	}
-	s.owner.lost(err)
 }
 
 // loseLocally ends the session on this side, once: its locks' Done close
@@ -585,6 +596,7 @@ func (s *session) closeOnCluster(ctx context.Context) error {
 // bounded by a few RTTs per shard.
 func (n *Node) closeSessions() {
 	n.sessMu.Lock()
+	n.sessionsClosed = true // no new Session from here on
 	owners := make([]*Session, 0, len(n.sessions))
 	for s := range n.sessions {
 		owners = append(owners, s)

@@ -79,6 +79,15 @@ func (n *Node) checkLevel(p *layout.Placement) error {
 	return nil
 }
 
+// speaks reports whether a peer with metadata m speaks level.
+func speaks(m mesh.Meta, level uint8) bool {
+	lo := m.MinVersion
+	if lo == 0 || lo > m.Version {
+		lo = m.Version
+	}
+	return lo <= level && level <= max(m.Version, 1)
+}
+
 // newClusterLevel is the level a cluster formed by members starts at: the
 // newest they all speak.
 func newClusterLevel(top uint8, members []mesh.Member) uint8 {
@@ -119,6 +128,19 @@ func (n *Node) raiseLevel(ctx context.Context, p *layout.Placement, members []me
 		if !seen[pe.Name] {
 			return false, nil
 		}
+	}
+	if target <= levelOf(p) {
+		return false, nil
+	}
+	// Gossip may still show the metadata of a peer's previous run (a peer
+	// restarted on an older release); each peer of the layout, which runs
+	// replicas, is asked itself.
+	for _, pe := range p.Peers {
+		st, err := n.peerStatus(ctx, pe.Name)
+		if err != nil {
+			return false, nil
+		}
+		target = min(target, max(st.Level, 1))
 	}
 	if target <= levelOf(p) {
 		return false, nil
