@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -175,7 +176,7 @@ func (l *Lock) releaseInBackground() <-chan outcome {
 	out := make(chan outcome, 1)
 	done := s.startRelease(l)
 	n.goFunc(func() {
-		defer s.endRelease(l.key, done)
+		defer s.attempts.EndRelease(l.key, done)
 		ctx, cancel := context.WithTimeout(n.ctx, s.owner.ttl)
 		defer cancel()
 		res, err := s.release(ctx, l.req)
@@ -255,7 +256,7 @@ func (n *Node) acquireIn(ctx context.Context, key string, wait bool, sessionFor 
 		}
 		return nil, false, fmt.Errorf("lock %q: %w", key, err)
 	}
-	if err := s.awaitRelease(ctx, key); err != nil {
+	if err := s.attempts.AwaitRelease(ctx, key, s.lost); err != nil {
 		return nil, false, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)
 	}
 	if s.isLost() {
@@ -267,18 +268,19 @@ func (n *Node) acquireIn(ctx context.Context, key string, wait bool, sessionFor 
 // attempt makes one acquire attempt in session s. retry is true when the
 // session was lost on the way and the caller should start over in a new one.
 func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (l *Lock, retry bool, err error) {
-	req := s.newRequest()
+	req := s.attempts.Begin()
 	abandoned := false // an abandoned attempt stays pending until its cancel is in
 	defer func() {
 		if !abandoned {
-			s.finish(req)
+			s.attempts.Finish(req)
 		}
 	}()
-	granted := n.addWaiter(s.shard, s.id, req)
-	defer n.removeWaiter(s.shard, s.id, req)
+	waiter := client.WaiterKey{Shard: s.shard, Session: s.id, Req: req}
+	granted := n.waiters.Add(waiter)
+	defer n.waiters.Remove(waiter)
 
 	res, err := n.apply(ctx, s.shard, lockfsm.Command{
-		Op: lockfsm.OpAcquire, Session: s.id, Req: req, Ack: s.ack(), Key: key, Wait: wait, Limit: 1,
+		Op: lockfsm.OpAcquire, Session: s.id, Req: req, Ack: s.attempts.Ack(), Key: key, Wait: wait, Limit: 1,
 	})
 	if err != nil {
 		abandoned = n.abandon(s, req)
@@ -305,7 +307,7 @@ func (n *Node) attempt(ctx context.Context, s *session, key string, wait bool) (
 	for {
 		select {
 		case tok := <-granted:
-			if tok != verifyGrant {
+			if tok != client.Verify {
 				return s.newLock(key, req, tok), false, nil
 			}
 		case <-poll.C:
@@ -346,7 +348,7 @@ func (n *Node) abandon(s *session, req uint64) bool {
 		return false
 	}
 	n.goFunc(func() {
-		defer s.finish(req)
+		defer s.attempts.Finish(req)
 		ctx, cancel := context.WithTimeout(n.ctx, s.owner.ttl)
 		defer cancel()
 		var err error

@@ -16,6 +16,7 @@ import (
 	"github.com/lni/dragonboat/v4/raftio"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
+	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -66,8 +67,7 @@ type Node struct {
 	sessionsClosed bool          // set by Close: no new Session
 	keepAliveKick  chan struct{} // a session opened: its TTL may be the shortest
 
-	waitMu  sync.Mutex
-	waiters map[waiterKey]chan uint64
+	waiters *client.Waiters // queued lock attempts, woken by their grants
 
 	leases  leaseTable
 	notifyQ chan notifyJob
@@ -111,7 +111,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		sessions:      map[*Session]struct{}{},
 		defaults:      map[uint64]*Session{},
 		keepAliveKick: make(chan struct{}, 1),
-		waiters:       map[waiterKey]chan uint64{},
+		waiters:       client.NewWaiters(),
 		notifyQ:       make(chan notifyJob, 4096),
 		leaders:       map[uint64]string{},
 		halted:        map[uint64]*HaltError{},

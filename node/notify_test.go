@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -34,19 +35,17 @@ func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
 		got <- result{l, err, time.Now()}
 	}()
 	shard := waiterNode.placement.Load().ShardOf(key)
-	var w waiterKey
+	var w client.WaiterKey
 	deadline := time.Now().Add(10 * time.Second)
-	for w == (waiterKey{}) {
+	for w == (client.WaiterKey{}) {
 		if time.Now().After(deadline) {
 			t.Fatal("the waiter never queued")
 		}
-		waiterNode.waitMu.Lock()
-		for k := range waiterNode.waiters {
-			if k.shard == shard {
+		for _, k := range waiterNode.waiters.Keys() {
+			if k.Shard == shard {
 				w = k
 			}
 		}
-		waiterNode.waitMu.Unlock()
 		time.Sleep(5 * time.Millisecond)
 	}
 
@@ -59,7 +58,7 @@ func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
 	}
 	defer forger.Close()
 	const forgedToken = 999
-	body, err := encodeBody(notifyReq{Shard: shard, Grants: []lockfsm.Grant{{Key: key, Session: w.session, Req: w.req, Token: forgedToken, Owner: waiterNode.Name(), HandOff: true}}})
+	body, err := encodeBody(notifyReq{Shard: shard, Grants: []lockfsm.Grant{{Key: key, Session: w.Session, Req: w.Req, Token: forgedToken, Owner: waiterNode.Name(), HandOff: true}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := s.newRequest()
+	req := s.attempts.Begin()
 	cmd := lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.id, Req: req, Key: "retry", Wait: true, Limit: 1}
 	first, err := n.apply(ctx, shard, cmd)
 	if err != nil {
@@ -51,7 +51,7 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	}
 	// A second attempt (new request id) of the same session waits: the
 	// session does not hold the key twice.
-	third, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.id, Req: s.newRequest(), Key: "retry", Wait: false, Limit: 1})
+	third, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.id, Req: s.attempts.Begin(), Key: "retry", Wait: false, Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

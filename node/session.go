@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -314,17 +315,16 @@ type session struct {
 	shard uint64
 	id    uint64
 
-	mu      sync.Mutex
-	nextReq uint64
-	pending map[uint64]struct{} // acquire and release requests whose final answer is not in yet
-	locks   map[uint64]*Lock    // held locks by request id
-	// releasing holds a channel per key whose Release has not committed
-	// yet; it is closed when the release is in.
-	releasing map[string]chan struct{}
-	deadline  time.Time
-	timer     *time.Timer
-	lost      chan struct{}
-	lostErr   error
+	// attempts are its request ids, the ones without their final answer
+	// yet, and the keys being released.
+	attempts *client.Attempts
+
+	mu       sync.Mutex
+	locks    map[uint64]*Lock // held locks by request id
+	deadline time.Time
+	timer    *time.Timer
+	lost     chan struct{}
+	lostErr  error
 }
 
 func (n *Node) openSession(ctx context.Context, owner *Session, shard uint64) (*session, error) {
@@ -339,9 +339,8 @@ func (n *Node) openSession(ctx context.Context, owner *Session, shard uint64) (*
 		return nil, fmt.Errorf("open session on shard %d: %s", shard, describe(res))
 	}
 	s := &session{
-		n: n, owner: owner, shard: shard, id: res.Session, nextReq: 1,
-		pending: map[uint64]struct{}{}, locks: map[uint64]*Lock{}, releasing: map[string]chan struct{}{},
-		lost: make(chan struct{}),
+		n: n, owner: owner, shard: shard, id: res.Session, attempts: client.NewAttempts(),
+		locks: map[uint64]*Lock{}, lost: make(chan struct{}),
 	}
 	s.mu.Lock()
 	s.extendLocked(sent)
@@ -375,32 +374,15 @@ func (n *Node) liveSessions() []*session {
 	return out
 }
 
-// newRequest allocates a request id for an acquire attempt.
-func (s *session) newRequest() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.nextReq
-	s.nextReq++
-	s.pending[r] = struct{}{}
-	return r
-}
-
-// finish records that the final answer to request r is in.
-func (s *session) finish(r uint64) {
-	s.mu.Lock()
-	delete(s.pending, r)
-	s.mu.Unlock()
-}
-
 // releaseCommand is the release of the attempt target. It carries a
 // request id of its own, pending until done is called, so the state machine
 // keeps the released attempt until this side has the answer: a release
 // retried after its first try committed (the answer was lost) is answered
 // OK again instead of "not held".
 func (s *session) releaseCommand(target uint64) (cmd lockfsm.Command, done func()) {
-	req := s.newRequest()
-	cmd = lockfsm.Command{Op: lockfsm.OpRelease, Session: s.id, Req: req, Target: target, Ack: s.ack()}
-	return cmd, func() { s.finish(req) }
+	req := s.attempts.Begin()
+	cmd = lockfsm.Command{Op: lockfsm.OpRelease, Session: s.id, Req: req, Target: target, Ack: s.attempts.Ack()}
+	return cmd, func() { s.attempts.Finish(req) }
 }
 
 // release commits the release of the attempt target, retrying idempotently
@@ -412,53 +394,12 @@ func (s *session) release(ctx context.Context, target uint64) (lockfsm.Result, e
 }
 
 // startRelease takes a released lock out of the session's held locks and
-// records its key as being released until endRelease.
+// records its key as being released until attempts.EndRelease.
 func (s *session) startRelease(l *Lock) chan struct{} {
-	done := make(chan struct{})
 	s.mu.Lock()
 	delete(s.locks, l.req)
-	s.releasing[l.key] = done
 	s.mu.Unlock()
-	return done
-}
-
-func (s *session) endRelease(key string, done chan struct{}) {
-	s.mu.Lock()
-	if s.releasing[key] == done {
-		delete(s.releasing, key)
-	}
-	s.mu.Unlock()
-	close(done)
-}
-
-// awaitRelease waits until no release of key by this session is in flight.
-func (s *session) awaitRelease(ctx context.Context, key string) error {
-	s.mu.Lock()
-	done, ok := s.releasing[key]
-	s.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	select {
-	case <-done:
-		return nil
-	case <-s.lost:
-		return nil // the caller starts over in a new session
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// ack is the lowest request id whose answer is still outstanding: the
-// state machine may forget finished attempts below it.
-func (s *session) ack() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	a := s.nextReq
-	for r := range s.pending {
-		a = min(a, r)
-	}
-	return a
+	return s.attempts.StartRelease(l.key)
 }
 
 // extend moves the lease deadline after a keepalive sent at sent was

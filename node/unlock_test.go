@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/client"
 )
 
 // An Unlock whose context ends before the release commits must still end
@@ -85,8 +87,8 @@ func leaseTestNode(clock Clock) *Node {
 
 func leaseTestSession(n *Node) *session {
 	owner := &Session{n: n, ttl: n.cfg.SessionTTL, shards: map[uint64]*sessionSlot{}, done: make(chan struct{})}
-	s := &session{n: n, owner: owner, shard: 2, id: 7, nextReq: 1, pending: map[uint64]struct{}{},
-		locks: map[uint64]*Lock{}, releasing: map[string]chan struct{}{}, lost: make(chan struct{})}
+	s := &session{n: n, owner: owner, shard: 2, id: 7, attempts: client.NewAttempts(),
+		locks: map[uint64]*Lock{}, lost: make(chan struct{})}
 	s.mu.Lock()
 	s.extendLocked(n.now())
 	s.mu.Unlock()
