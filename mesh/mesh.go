@@ -635,7 +635,7 @@ func (m *Mesh) SetLevel(level uint8) {
 	m.viewMu.Lock()
 	defer m.viewMu.Unlock()
 	for name, mem := range m.view {
-		lo, hi := mem.Meta.versions()
+		lo, hi := mem.Meta.Versions()
 		if name == m.cfg.Name || (lo <= level && level <= hi) {
 			continue
 		}
@@ -660,7 +660,7 @@ func (m *Mesh) admit(name string, raw []byte) error {
 	if err != nil {
 		return nil // observe ignores it, with its own warning
 	}
-	lo, hi := meta.versions()
+	lo, hi := meta.Versions()
 	var reason string
 	if level := uint8(m.level.Load()); level != 0 {
 		if level < lo || level > hi {
@@ -668,7 +668,7 @@ func (m *Mesh) admit(name string, raw []byte) error {
 		}
 	} else {
 		m.metaMu.Lock()
-		ownLo, ownHi := m.meta.versions()
+		ownLo, ownHi := m.meta.Versions()
 		m.metaMu.Unlock()
 		if hi < ownLo || lo > ownHi {
 			reason = fmt.Sprintf("peer %s speaks protocol versions %d to %d, this peer %d to %d: none in common; upgrade the older one (see docs/UPGRADING.md)", name, lo, hi, ownLo, ownHi)

@@ -64,8 +64,8 @@ type Meta struct {
 	MinVersion uint8
 }
 
-// versions returns the range of protocol versions m speaks.
-func (m Meta) versions() (lo, hi uint8) {
+// Versions returns the range of protocol versions m speaks, lo to hi.
+func (m Meta) Versions() (lo, hi uint8) {
 	lo = m.MinVersion
 	if lo == 0 || lo > m.Version {
 		lo = m.Version

@@ -79,13 +79,11 @@ func (n *Node) checkLevel(p *layout.Placement) error {
 	return nil
 }
 
-// speaks reports whether a peer with metadata m speaks level.
+// speaks reports whether a peer with metadata m speaks level. A Version of
+// 0 reads as 1, as everywhere levels are compared (newClusterLevel).
 func speaks(m mesh.Meta, level uint8) bool {
-	lo := m.MinVersion
-	if lo == 0 || lo > m.Version {
-		lo = m.Version
-	}
-	return lo <= level && level <= max(m.Version, 1)
+	lo, hi := m.Versions()
+	return lo <= level && level <= max(hi, 1)
 }
 
 // newClusterLevel is the level a cluster formed by members starts at: the
@@ -115,15 +113,15 @@ func keySchemeFor(level uint8) uint8 {
 // not see alive holds the level where it is: it may be an old release
 // that comes back. It returns whether it proposed a new layout.
 func (n *Node) raiseLevel(ctx context.Context, p *layout.Placement, members []mesh.Member) (bool, error) {
-	target := n.topLevel()
 	seen := map[string]bool{}
+	var alive []mesh.Member
 	for _, m := range members {
-		if m.State != mesh.StateAlive {
-			continue
+		if m.State == mesh.StateAlive {
+			seen[m.Name] = true
+			alive = append(alive, m)
 		}
-		seen[m.Name] = true
-		target = min(target, max(m.Meta.Version, 1))
 	}
+	target := newClusterLevel(n.topLevel(), alive)
 	for _, pe := range p.Peers {
 		if !seen[pe.Name] {
 			return false, nil
