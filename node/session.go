@@ -71,12 +71,17 @@ func (n *Node) NewSession(ctx context.Context, opts ...SessionOption) (*Session,
 }
 
 func (n *Node) newSession(ttl time.Duration) (*Session, error) {
-	s := &Session{n: n, ttl: ttl, shards: map[uint64]*sessionSlot{}, done: make(chan struct{})}
 	n.sessMu.Lock()
 	defer n.sessMu.Unlock()
+	return n.newSessionLocked(ttl)
+}
+
+// newSessionLocked is newSession with n.sessMu held.
+func (n *Node) newSessionLocked(ttl time.Duration) (*Session, error) {
 	if n.sessionsClosed || n.isClosed() {
 		return nil, ErrClosed
 	}
+	s := &Session{n: n, ttl: ttl, shards: map[uint64]*sessionSlot{}, done: make(chan struct{})}
 	n.sessions[s] = struct{}{}
 	return s, nil
 }
@@ -177,9 +182,8 @@ type sessionSlot struct {
 	err  error
 }
 
-// shardSession returns the session's live replicated session on shard,
-// opening one if needed. retry is false and err set when the Session has
-// ended.
+// shardSession returns the session's replicated session on shard,
+// opening one if needed, or the Session's error once it has ended.
 func (s *Session) shardSession(ctx context.Context, shard uint64) (*session, error) {
 	for {
 		s.mu.Lock()
@@ -206,9 +210,7 @@ func (s *Session) shardSession(ctx context.Context, shard uint64) (*session, err
 			s.mu.Unlock()
 			if ended != nil && slot.s != nil {
 				slot.s.loseLocally(ended)
-				if !s.isOrphaned() {
-					s.n.goFunc(func() { _ = slot.s.closeOnCluster(s.n.ctx) })
-				}
+				s.closeInBackground(ended, []*session{slot.s})
 				return nil, ended
 			}
 			return slot.s, slot.err
@@ -271,11 +273,17 @@ func (s *Session) end(err error) []*session {
 // lost ends the session because one of its replicated sessions was lost,
 // and closes the others on the cluster so their keys pass on at once.
 func (s *Session) lost(err error) {
+	s.closeInBackground(err, s.end(err))
+}
+
+// closeInBackground closes ss, replicated sessions of s that ended with
+// err, on the cluster, so their keys pass on at once; not for an orphaned
+// session (its TTL decides) or when the node closes (Close does it).
+func (s *Session) closeInBackground(err error, ss []*session) {
 	if s.n.isClosed() || errors.Is(err, ErrClosed) || s.isOrphaned() {
-		s.end(err)
 		return
 	}
-	for _, sh := range s.end(err) {
+	for _, sh := range ss {
 		s.n.goFunc(func() { _ = sh.closeOnCluster(s.n.ctx) })
 	}
 }
@@ -284,23 +292,15 @@ func (s *Session) lost(err error) {
 // starting a new one if there is none or the last was lost.
 func (n *Node) defaultSession(shard uint64) (*Session, error) {
 	n.sessMu.Lock()
-	s := n.defaults[shard]
-	n.sessMu.Unlock()
-	if s != nil && s.Err() == nil {
+	defer n.sessMu.Unlock()
+	if s := n.defaults[shard]; s != nil && s.Err() == nil {
 		return s, nil
 	}
-	s, err := n.newSession(n.cfg.SessionTTL)
-	if err != nil {
-		return nil, err
+	s, err := n.newSessionLocked(n.cfg.SessionTTL)
+	if err == nil {
+		n.defaults[shard] = s
 	}
-	n.sessMu.Lock()
-	defer n.sessMu.Unlock()
-	if cur := n.defaults[shard]; cur != nil && cur.Err() == nil {
-		delete(n.sessions, s) // lost a race: use the winner's
-		return cur, nil
-	}
-	n.defaults[shard] = s
-	return s, nil
+	return s, err
 }
 
 // session is one replicated session, on one shard, of a Session: the
