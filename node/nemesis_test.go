@@ -747,12 +747,21 @@ var nemeses = []nemesis{
 // much more, so its proposals are still in flight when it wakes.
 func diskStallFor(ttl time.Duration) time.Duration { return ttl * 14 / 10 }
 
-// stallDisk stalls victim's fsyncs for d, then releases them. It reports
-// as a violation a stall that blocked nothing.
+// stallDisk stalls victim's fsyncs for d, counted from the first fsync the
+// stall blocks, then releases them. It reports as a violation a stall that
+// blocked nothing. The load parks every worker now and then (all waiting
+// behind long holds, which write nothing), and a stall that began in such
+// a lull once ran its whole d without the victim trying to write: it
+// stalled nothing and saw nothing. So d starts when the victim first
+// waits, which it does within d of the stall at the latest, or the
+// violation is reported.
 func stallDisk(ctx context.Context, lr *loadRun, victim *faultPeer, d time.Duration) {
 	fc := lr.fc
 	before, leads := victim.stall.blocked.Load(), fc.leaderCounts()
 	victim.stall.Stall(false)
+	for first := time.Now(); victim.stall.blocked.Load() == before && time.Since(first) < d && ctx.Err() == nil; {
+		sleepCtx(ctx, 5*time.Millisecond)
+	}
 	sleepCtx(ctx, d)
 	victim.stall.Release()
 	blocked := victim.stall.blocked.Load() - before
