@@ -3,10 +3,13 @@ package node
 import (
 	"errors"
 	"fmt"
+
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 )
 
 // Sentinel errors returned by the node API. Check them with errors.Is; the
-// returned errors wrap them with the key, shard or peer involved.
+// returned errors wrap them with the key, shard or peer involved. Those
+// node's internal packages return too are defined in internal/lockerr.
 var (
 	// ErrLocked is returned by TryLock when the key is held by someone else
 	// (or others are already queued for it).
@@ -23,19 +26,19 @@ var (
 	ErrSessionClosed = errors.New("lockmesh: session closed")
 	// ErrClosed is returned by calls made after Close, and by Lock.Err for
 	// a lock held when its node closed.
-	ErrClosed = errors.New("lockmesh: node closed")
+	ErrClosed = lockerr.Closed
 	// ErrInvalidKey is returned for an empty or oversized key.
 	ErrInvalidKey = errors.New("lockmesh: invalid key")
 	// ErrInvalidConfig is returned by Config.Validate and Start.
 	ErrInvalidConfig = errors.New("lockmesh: invalid config")
 	// ErrUnavailable means the shard owning a key could not be reached before
 	// the context ended: not enough peers are up or the network is cut.
-	ErrUnavailable = errors.New("lockmesh: shard unavailable")
+	ErrUnavailable = lockerr.Unavailable
 	// ErrReplicaHalted means a replica of the shard met a log entry it
 	// cannot decode or does not understand (written by a newer release)
 	// and stopped applying, rather than skip it and diverge. Calls retry on
 	// other replicas; upgrade the peer, and its replica replays the entry.
-	ErrReplicaHalted = errors.New("lockmesh: replica halted")
+	ErrReplicaHalted = lockerr.ReplicaHalted
 	// ErrIncompatible means this peer and the cluster (or another peer) have
 	// no protocol version or feature level in common; the message names
 	// both and which one to upgrade.

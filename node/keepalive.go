@@ -170,22 +170,4 @@ func (n *Node) otherReplica(shard uint64, avoid string, attempt int) string {
 // leaderGuess names the peer most likely leading shard: what dragonboat
 // says locally if this peer hosts a replica, else the last known leader,
 // else "".
-func (n *Node) leaderGuess(shard uint64) string {
-	p := n.placement.Load()
-	if p == nil {
-		return ""
-	}
-	if n.hostsShard(shard) {
-		if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
-			if pe, ok := p.PeerByReplica(id); ok {
-				return pe.Name
-			}
-		}
-	}
-	// A hint from an answer: only while the layout still has the named
-	// peer hosting the shard (it may have left since).
-	if name := n.leader(shard); name != "" && p.Hosts(shard, name) {
-		return name
-	}
-	return ""
-}
+func (n *Node) leaderGuess(shard uint64) string { return n.router.LeaderGuess(shard) }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
@@ -56,8 +58,7 @@ type Node struct {
 	levelRefusal atomic.Pointer[error]
 	joinAddrs    []string // Config.Join and the known peers, set by open
 
-	batchMu  sync.Mutex
-	batchers map[batcherKey]*batcher
+	router *router.Router // batching, forwarding, retries, the leader cache
 
 	// sessMu guards the live Sessions (keepalives and Close reach them
 	// here) and the default session of each shard (Node.Lock).
@@ -71,9 +72,6 @@ type Node struct {
 
 	leases  leaseTable
 	notifyQ chan notifyJob
-
-	leaderMu sync.Mutex
-	leaders  map[uint64]string // shard -> peer name of the last known leader
 
 	runMu   sync.Mutex
 	running map[uint64]uint64 // shard -> id of the replica this peer runs
@@ -107,13 +105,11 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		log:           cfg.Logger.With("peer", cfg.Name),
 		stop:          make(chan struct{}),
 		ready:         make(chan struct{}),
-		batchers:      map[batcherKey]*batcher{},
 		sessions:      map[*Session]struct{}{},
 		defaults:      map[uint64]*Session{},
 		keepAliveKick: make(chan struct{}, 1),
 		waiters:       client.NewWaiters(),
 		notifyQ:       make(chan notifyJob, 4096),
-		leaders:       map[uint64]string{},
 		halted:        map[uint64]*HaltError{},
 		running:       map[uint64]uint64{},
 	}
@@ -146,6 +142,7 @@ func (n *Node) open(ctx context.Context) error {
 	if n.peers, err = transport.NewClient(tcfg); err != nil {
 		return err
 	}
+	n.router = n.newRouter()
 	mcfg := mesh.Config{
 		Name:      cfg.Name,
 		BindAddr:  cfg.GossipAddr,
@@ -306,6 +303,10 @@ func (n *Node) shutdown(leave bool) {
 	n.closed.Store(true)
 	close(n.stop)
 	n.cancel()
+	if n.router != nil {
+		// Calls still waiting on a command return ErrClosed now.
+		n.router.Close()
+	}
 	if n.mesh != nil {
 		if leave {
 			_ = n.mesh.Leave(time.Second)
@@ -568,27 +569,6 @@ func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
 	}
 }
 
-func (n *Node) setLeader(shard uint64, name string) {
-	n.leaderMu.Lock()
-	n.leaders[shard] = name
-	n.leaderMu.Unlock()
-}
-
-// forgetLeader drops name as shard's known leader, if it still is.
-func (n *Node) forgetLeader(shard uint64, name string) {
-	n.leaderMu.Lock()
-	if n.leaders[shard] == name {
-		delete(n.leaders, shard)
-	}
-	n.leaderMu.Unlock()
-}
-
-func (n *Node) leader(shard uint64) string {
-	n.leaderMu.Lock()
-	defer n.leaderMu.Unlock()
-	return n.leaders[shard]
-}
-
 // now is the node's clock; the lease logic reads time only through it.
 func (n *Node) now() time.Time { return n.cfg.Clock.Now() }
 
@@ -643,4 +623,4 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-var errNotReady = errors.New("not ready")
+var errNotReady = lockerr.NotReady

@@ -2,14 +2,14 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
+	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
-	"github.com/lockmesh/lockmesh/transport"
 )
 
 // maxBodySize caps every RPC body and placement record this package decodes.
@@ -17,7 +17,7 @@ const maxBodySize = 4 << 20
 
 // RPC methods on lockmesh's transport.
 const (
-	methodPropose        uint8 = iota + 1 // proposeReq -> proposeResp
+	methodPropose        uint8 = iota + 1 // router.ProposeRequest -> router.ProposeResponse
 	methodRead                            // readReq -> lockAnswer
 	methodKeepAlive                       // keepAliveReq -> keepAliveResp
 	methodNotify                          // notifyReq -> nothing
@@ -33,14 +33,14 @@ const (
 	methodMembership                      // shardReq -> membershipResp: the shard's Raft membership
 )
 
-// Application error codes carried in transport.Error.
+// Application error codes carried in transport.Error (see internal/lockerr).
 const (
-	codeNotHosted    uint16 = 100 + iota // this peer has no replica of the shard
-	codeBusy                             // retryable: shard not ready, timeout, system busy
-	codeRejected                         // bootstrap plan refused
-	codeNoCluster                        // this peer is not part of a cluster yet
-	codeClosed                           // the peer is shutting down
-	codeIncompatible                     // the caller does not speak the cluster's feature level
+	codeNotHosted    = lockerr.CodeNotHosted
+	codeBusy         = lockerr.CodeBusy
+	codeRejected     = lockerr.CodeRejected
+	codeNoCluster    = lockerr.CodeNoCluster
+	codeClosed       = lockerr.CodeClosed
+	codeIncompatible = lockerr.CodeIncompatible
 )
 
 // checkSender refuses a request from a peer whose newest feature level,
@@ -53,21 +53,11 @@ func (n *Node) checkSender(level uint8) error {
 	return nil
 }
 
-// Requests that route by key carry the newest feature level their sender
-// speaks (0 from releases before levels, which read as 1): a peer that
-// does not speak the cluster's level may place keys by another rule, so
-// its requests are refused (checkSender).
-type proposeReq struct {
-	Shard uint64 `msgpack:"s"`
-	Cmds  []byte `msgpack:"c"` // lockfsm.EncodeCommandsFormat
-	Level uint8  `msgpack:"v,omitempty"`
-}
-
-type proposeResp struct {
-	Results []byte `msgpack:"r"` // lockfsm.EncodeResults
-	Leader  string `msgpack:"l"` // the shard leader as the serving peer sees it
-}
-
+// Requests that route by key (router.ProposeRequest and readReq) carry
+// the newest feature level their sender speaks (0 from releases before
+// levels, which read as 1): a peer that does not speak the cluster's
+// level may place keys by another rule, so its requests are refused
+// (checkSender).
 type readReq struct {
 	Shard uint64    `msgpack:"s"`
 	Query lockQuery `msgpack:"q"`
@@ -95,27 +85,18 @@ func encodeBody(v any) ([]byte, error) { return msgpack.Marshal(v) }
 // reaches the port: its shape is checked first, so that lengths it claims
 // cannot make msgpack allocate more than a small multiple of its size.
 func decodeBody(b []byte, v any) error {
-	if len(b) > maxBodySize {
-		return fmt.Errorf("rpc body of %d bytes exceeds %d", len(b), maxBodySize)
-	}
-	if err := msgcheck.Shape(b); err != nil {
+	if err := msgcheck.Unmarshal(b, v, maxBodySize); err != nil {
 		return fmt.Errorf("rpc body: %w", err)
 	}
-	return msgpack.Unmarshal(b, v)
+	return nil
 }
 
 // rpcError builds a transport error the caller can classify by code.
 func rpcError(code uint16, format string, args ...any) error {
-	return &transport.Error{Code: code, Message: fmt.Sprintf(format, args...)}
+	return lockerr.RPC(code, format, args...)
 }
 
-func errCode(err error) uint16 {
-	var te *transport.Error
-	if errors.As(err, &te) {
-		return te.Code
-	}
-	return 0
-}
+func errCode(err error) uint16 { return lockerr.Code(err) }
 
 // handle serves lockmesh's transport. Each call runs on its own goroutine.
 func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, error) {
@@ -124,14 +105,14 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 	}
 	switch method {
 	case methodPropose:
-		var req proposeReq
+		var req router.ProposeRequest
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
 		if err := n.checkSender(req.Level); err != nil {
 			return nil, err
 		}
-		return n.serveProposal(ctx, req)
+		return n.router.ServePropose(ctx, req)
 	case methodRead:
 		var req readReq
 		if err := decodeBody(body, &req); err != nil {

@@ -6,7 +6,21 @@ package msgcheck
 import (
 	"errors"
 	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
+
+// Unmarshal decodes b, untrusted bytes of at most limit, into v: it
+// refuses a larger b and checks b's Shape before msgpack sees it.
+func Unmarshal(b []byte, v any, limit int) error {
+	if len(b) > limit {
+		return fmt.Errorf("%d bytes, more than %d", len(b), limit)
+	}
+	if err := Shape(b); err != nil {
+		return err
+	}
+	return msgpack.Unmarshal(b, v)
+}
 
 // MaxDepth bounds how deeply Shape lets msgpack containers nest:
 // lockmesh's messages nest at most four deep (a layout: layout, replica

@@ -1,0 +1,47 @@
+// Package lockerr is the error vocabulary node shares with its internal
+// packages: the sentinel errors users check with errors.Is (node exports
+// each under its public name and documents it there) and the codes a peer
+// puts in a transport.Error so the caller can tell "retry elsewhere" from
+// "refused".
+package lockerr
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/lockmesh/lockmesh/transport"
+)
+
+// Sentinel errors; node.ErrClosed and the others are these values.
+var (
+	Closed        = errors.New("lockmesh: node closed")
+	Unavailable   = errors.New("lockmesh: shard unavailable")
+	ReplicaHalted = errors.New("lockmesh: replica halted")
+	// NotReady means this peer does not know the cluster's layout yet.
+	NotReady = errors.New("not ready")
+)
+
+// Application error codes carried in transport.Error.
+const (
+	CodeNotHosted    uint16 = 100 + iota // this peer has no replica of the shard
+	CodeBusy                             // retryable: shard not ready, timeout, system busy
+	CodeRejected                         // bootstrap plan refused
+	CodeNoCluster                        // this peer is not part of a cluster yet
+	CodeClosed                           // the peer is shutting down
+	CodeIncompatible                     // the caller does not speak the cluster's feature level
+)
+
+// RPC builds a transport error the caller can classify by code.
+func RPC(code uint16, format string, args ...any) error {
+	return &transport.Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Code returns the application code of a transport error in err's chain,
+// or 0.
+func Code(err error) uint16 {
+	var te *transport.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 0
+}
