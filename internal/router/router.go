@@ -261,6 +261,10 @@ func Retryable(err error) bool {
 		// peer (rebalancing, Leave), and another host will answer.
 		errors.Is(err, dragonboat.ErrShardClosed),
 		errors.Is(err, dragonboat.ErrCanceled),
+		// The try's deadline passed before dragonboat took the request
+		// (a forward to a dying leader used it up before the local
+		// fallback): nothing was proposed, and the next try has its own.
+		errors.Is(err, dragonboat.ErrInvalidDeadline),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, transport.ErrUnavailable),
 		errors.Is(err, lockerr.NotReady),
 		// The local replica fail-stopped; it is being stopped, and the

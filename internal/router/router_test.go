@@ -384,7 +384,7 @@ func TestServePropose(t *testing.T) {
 func TestRetryable(t *testing.T) {
 	for _, err := range []error{
 		dragonboat.ErrShardClosed, fmt.Errorf("propose: %w", dragonboat.ErrShardClosed),
-		dragonboat.ErrShardNotFound, dragonboat.ErrTimeout, lockerr.NotReady,
+		dragonboat.ErrShardNotFound, dragonboat.ErrTimeout, lockerr.NotReady, dragonboat.ErrInvalidDeadline,
 		fmt.Errorf("%w: shard 2", lockerr.ReplicaHalted), transport.ErrUnavailable,
 		lockerr.RPC(lockerr.CodeNotHosted, "moved"), lockerr.RPC(lockerr.CodeBusy, "busy"),
 	} {
