@@ -3,96 +3,23 @@ package node
 import (
 	"context"
 	"fmt"
-	"sync"
-	"time"
 )
 
-// The client side of leases: this peer's keepalives for the sessions it
-// owns, sent to each shard's leader (served by serveKeepAlive in
-// leases.go). A lock's deadline moves with every acknowledgement (see
-// session.extend and docs/SAFETY.md).
+// The network side of the client's keepalives. The loop itself, its
+// schedule and what an answer does to a session's lease live in
+// internal/client (Client.RunKeepAlives, Session.Extend; docs/SAFETY.md);
+// this file delivers each keepalive to the shard's leader (served by
+// serveKeepAlive in leases.go).
 
-// keepAliveLoop sends this peer's keepalives: one call per shard per round
-// to the shard's leader, carrying every session this peer has there. A
-// round starts every quarter of the shortest TTL among the live sessions,
-// counted from the start of the last round (a slow round does not push
-// the next one back), and a session opened with a shorter TTL moves the
-// next round up.
-func (n *Node) keepAliveLoop() {
-	last := time.Now()
-	t := time.NewTimer(n.cfg.SessionTTL / 4)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-n.keepAliveKick:
-			t.Reset(max(0, time.Until(last.Add(n.keepAliveInterval(n.liveSessions())))))
-			continue
-		case <-t.C:
-		}
-		last = time.Now()
-		ss := n.liveSessions()
-		interval := n.keepAliveInterval(ss)
-		byShard := map[uint64][]*session{}
-		for _, s := range ss {
-			byShard[s.shard] = append(byShard[s.shard], s)
-		}
-		var wg sync.WaitGroup
-		for shard, ss := range byShard {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				n.keepAlive(shard, ss, interval)
-			}()
-		}
-		wg.Wait()
-		t.Reset(max(0, time.Until(last.Add(interval))))
-	}
-}
+// keepAliveLoop runs the client's keepalive loop until the node stops.
+func (n *Node) keepAliveLoop() { n.client.RunKeepAlives(n.ctx) }
 
-// keepAliveInterval is a quarter of the shortest TTL of ss, and of
-// Config.SessionTTL.
-func (n *Node) keepAliveInterval(ss []*session) time.Duration {
-	interval := n.cfg.SessionTTL / 4
-	for _, s := range ss {
-		interval = min(interval, s.owner.ttl/4)
-	}
-	return interval
-}
-
-// kickKeepAlives tells the keepalive loop a session opened.
-func (n *Node) kickKeepAlives() {
-	select {
-	case n.keepAliveKick <- struct{}{}:
-	default:
-	}
-}
-
-func (n *Node) keepAlive(shard uint64, ss []*session, interval time.Duration) {
-	ctx, cancel := context.WithTimeout(n.ctx, interval)
-	defer cancel()
-	req := keepAliveReq{Shard: shard}
-	for _, s := range ss {
-		req.Sessions = append(req.Sessions, s.id)
-	}
-	sent := n.now()
-	resp, err := n.sendKeepAlive(ctx, req)
-	if err != nil {
-		n.log.Debug("keepalive failed", "shard", shard, "err", err)
-		return
-	}
-	expired := map[uint64]bool{}
-	for _, id := range resp.Expired {
-		expired[id] = true
-	}
-	for _, s := range ss {
-		if expired[s.id] {
-			s.lose(fmt.Errorf("%w: the leader of shard %d no longer counts session %d as live", ErrLeaseExpired, shard, s.id))
-		} else {
-			s.extend(sent)
-		}
-	}
+// keepAliveShard is the client's keepalive sender: one keepalive for
+// this peer's sessions ids on shard, answered with the ones the leader
+// counts as expired.
+func (n *Node) keepAliveShard(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {
+	resp, err := n.sendKeepAlive(ctx, keepAliveReq{Shard: shard, Sessions: ids})
+	return resp.Expired, err
 }
 
 // sendKeepAlive delivers a keepalive to the shard's leader. It follows

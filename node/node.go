@@ -60,13 +60,10 @@ type Node struct {
 
 	router *router.Router // batching, forwarding, retries, the leader cache
 
-	// sessMu guards the live Sessions (keepalives and Close reach them
-	// here) and the default session of each shard (Node.Lock).
-	sessMu         sync.Mutex
-	sessions       map[*Session]struct{}
-	defaults       map[uint64]*Session
-	sessionsClosed bool          // set by Close: no new Session
-	keepAliveKick  chan struct{} // a session opened: its TTL may be the shortest
+	// client is the client side of sessions: the live Sessions, the
+	// default session of each shard (Node.Lock), their leases and the
+	// keepalive loop.
+	client *client.Client
 
 	waiters *client.Waiters // queued lock attempts, woken by their grants
 
@@ -100,19 +97,17 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	cfg.setDefaults()
 	installDragonboatLogger(cfg.Logger)
 	n := &Node{
-		cfg:           cfg,
-		hooks:         hooks,
-		log:           cfg.Logger.With("peer", cfg.Name),
-		stop:          make(chan struct{}),
-		ready:         make(chan struct{}),
-		sessions:      map[*Session]struct{}{},
-		defaults:      map[uint64]*Session{},
-		keepAliveKick: make(chan struct{}, 1),
-		waiters:       client.NewWaiters(),
-		notifyQ:       make(chan notifyJob, 4096),
-		halted:        map[uint64]*HaltError{},
-		running:       map[uint64]uint64{},
+		cfg:     cfg,
+		hooks:   hooks,
+		log:     cfg.Logger.With("peer", cfg.Name),
+		stop:    make(chan struct{}),
+		ready:   make(chan struct{}),
+		waiters: client.NewWaiters(),
+		notifyQ: make(chan notifyJob, 4096),
+		halted:  map[uint64]*HaltError{},
+		running: map[uint64]uint64{},
 	}
+	n.client = newClient(n)
 	n.leases.init(n.cfg, n.hooks)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(ctx); err != nil {

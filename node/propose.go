@@ -137,9 +137,3 @@ func (n *Node) callHost(ctx context.Context, shard uint64, method uint8, body []
 func (n *Node) setLeader(shard uint64, name string)    { n.router.SetLeader(shard, name) }
 func (n *Node) forgetLeader(shard uint64, name string) { n.router.ForgetLeader(shard, name) }
 func (n *Node) leader(shard uint64) string             { return n.router.Leader(shard) }
-
-// outcome is what became of a command sent in the background.
-type outcome struct {
-	res lockfsm.Result
-	err error
-}

@@ -23,12 +23,12 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := owner.shardSession(ctx, shard)
+	s, err := owner.Session(ctx, shard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := s.attempts.Begin()
-	cmd := lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.id, Req: req, Key: "retry", Wait: true, Limit: 1}
+	req := s.Attempts().Begin()
+	cmd := lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.ID(), Req: req, Key: "retry", Wait: true, Limit: 1}
 	first, err := n.apply(ctx, shard, cmd)
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +51,7 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	}
 	// A second attempt (new request id) of the same session waits: the
 	// session does not hold the key twice.
-	third, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.id, Req: s.attempts.Begin(), Key: "retry", Wait: false, Limit: 1})
+	third, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.ID(), Req: s.Attempts().Begin(), Key: "retry", Wait: false, Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestRetriedReleaseAfterAckMoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, shard := l.s, l.s.shard
+	s, shard := l.h.Session(), l.h.Session().Shard()
 	p, _ := n.waitReady(ctx)
 	other := ""
 	for i := 0; other == ""; i++ {
@@ -92,7 +92,7 @@ func TestRetriedReleaseAfterAckMoved(t *testing.T) {
 		}
 	}
 
-	cmd, done := s.releaseCommand(l.req)
+	cmd, done := s.ReleaseCommand(l.h.Req())
 	for try := range 2 {
 		res, err := n.apply(ctx, shard, cmd)
 		if err != nil {

@@ -303,9 +303,7 @@ func TestHolderKilledWaiterGetsLockAfterTTL(t *testing.T) {
 	victim.node.kill()
 	// The holder's own view of its lease: until this deadline it could
 	// still believe it holds the lock.
-	held.s.mu.Lock()
-	deadline := held.s.deadline
-	held.s.mu.Unlock()
+	deadline := held.h.Session().Deadline()
 	l, err := peers[0].node.Lock(ctx, "job")
 	if err != nil {
 		t.Fatal(err)

@@ -140,7 +140,7 @@ func TestDefaultSessionsArePerShard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	la.s.lose(fmt.Errorf("%w: lost by the test", ErrLeaseExpired))
+	la.h.Session().Lose(fmt.Errorf("%w: lost by the test", ErrLeaseExpired))
 	if !errors.Is(la.Err(), ErrLeaseExpired) {
 		t.Fatalf("lock on the lost shard: %v", la.Err())
 	}
@@ -151,7 +151,7 @@ func TestDefaultSessionsArePerShard(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Lock after the default session was lost: %v", err)
 	}
-	if l.s.owner == la.s.owner {
+	if l.h.Session().Owner() == la.h.Session().Owner() {
 		t.Fatal("the lost default session was reused")
 	}
 	_ = l.Unlock(ctxT(t, 10*time.Second))

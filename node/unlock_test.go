@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/lockmesh/lockmesh/internal/client"
 )
 
 // An Unlock whose context ends before the release commits must still end
@@ -75,57 +73,15 @@ func TestUnlockWithUnknownOutcomeEndsTheLock(t *testing.T) {
 	}
 }
 
-// leaseTestNode is a Node with just what a session's lease logic needs:
-// config, clock and logger. It is marked closed, so a lost session does
-// not try to close itself on a cluster that is not there.
+// leaseTestNode is a Node with just what NewSession's checks need:
+// config, clock, logger and its client side. It is marked closed: it has
+// no cluster. The holder's lease rules are tested without a Node, in
+// internal/client (TestExtendNeverRevivesAPassedDeadline and the others
+// in lease_test.go).
 func leaseTestNode(clock Clock) *Node {
 	cfg := Config{SessionTTL: time.Second, LeaseMargin: 100 * time.Millisecond, Clock: clock}
-	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler), sessions: map[*Session]struct{}{}, defaults: map[uint64]*Session{}, stop: make(chan struct{})}
+	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler), stop: make(chan struct{})}
+	n.client = newClient(n)
 	n.closed.Store(true)
 	return n
-}
-
-func leaseTestSession(n *Node) *session {
-	owner := &Session{n: n, ttl: n.cfg.SessionTTL, shards: map[uint64]*sessionSlot{}, done: make(chan struct{})}
-	s := &session{n: n, owner: owner, shard: 2, id: 7, attempts: client.NewAttempts(),
-		locks: map[uint64]*Lock{}, lost: make(chan struct{})}
-	s.mu.Lock()
-	s.extendLocked(n.now())
-	s.mu.Unlock()
-	return s
-}
-
-// An acknowledgement that arrives after the lease deadline, before the
-// deadline timer ran, must not revive the lease: the holder may already
-// have been told it is lost, and the leader may be expiring the session.
-func TestExtendNeverRevivesAPassedDeadline(t *testing.T) {
-	clock := &faultClock{}
-	n := leaseTestNode(clock)
-
-	// Control: an ack before the deadline extends it.
-	s := leaseTestSession(n)
-	l := s.newLock("k", 1, 1)
-	clock.Jump(500 * time.Millisecond)
-	s.extend(n.now())
-	clock.Jump(500 * time.Millisecond) // 1s after the open, 0.5s after the ack
-	if err := l.Err(); err != nil {
-		t.Fatalf("lease lost although extended before its deadline: %v", err)
-	}
-
-	// The deadline (TTL - margin after the ack) passes; the timer, on real
-	// time, has not run. An ack arrives now, for a keepalive sent just now:
-	// taken at face value it would move the deadline 0.9s ahead.
-	clock.Jump(950 * time.Millisecond)
-	s.extend(n.now())
-	select {
-	case <-l.done: // read the channel itself: Done() would check the deadline
-	default:
-		t.Fatal("a late acknowledgement revived a lease whose deadline had passed")
-	}
-	if !errors.Is(l.Err(), ErrLeaseExpired) {
-		t.Fatalf("Err() = %v, want ErrLeaseExpired", l.Err())
-	}
-	if !s.isLost() {
-		t.Fatal("session not lost")
-	}
 }

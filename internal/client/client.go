@@ -1,13 +1,256 @@
-// Package client holds the client side of lockmesh's sessions as pure
-// code: the table of one replicated session's requests, and the waiters
-// of queued lock attempts with the way a grant reaches them. It does no
-// I/O and starts no goroutine; node drives it.
+// Package client is the client side of lockmesh's sessions: this peer's
+// sessions (one replicated session per shard a Session used, each with
+// its holder-side lease), their lock attempts and held locks, the grant
+// waiters, and the keepalive loop that keeps the sessions alive.
+//
+// It does no network I/O: node gives it the calls that reach the cluster
+// (Config.Apply, Config.ReadAttempt, Config.KeepAlive) and the clocks it
+// reads, so the lease rules of docs/SAFETY.md (the holder's side) and the
+// keepalive schedule are tested without a cluster, on a fake clock.
+// Background work (closes, releases, withdrawals) runs through Config.Go,
+// which node tracks so that Close waits for it.
 package client
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"sync"
+	"time"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
 )
+
+// Clock is a time source. Now must carry a monotonic reading (time.Now)
+// so that lease durations ignore wall-clock steps. AfterFunc runs f once
+// d has passed, on a goroutine of its own, as time.AfterFunc does; f may
+// block briefly on the Client's locks.
+type Clock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a timer started by Clock.AfterFunc; *time.Timer is one.
+type Timer interface {
+	Reset(d time.Duration) bool
+	Stop() bool
+}
+
+// SystemClock is the operating system's monotonic clock and Go's timers.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// AfterFunc is time.AfterFunc.
+func (SystemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// Errors are the sentinel errors that the client side's errors wrap. node
+// passes its own, so that callers go on checking node.ErrLeaseExpired and
+// the others with errors.Is.
+type Errors struct {
+	LeaseExpired  error // a lease may have run out, or the cluster expired its session
+	SessionClosed error // the Session was closed
+	Closed        error // the node closed
+	NotHeld       error // the lock was already given up
+	Locked        error // TryLock met a held or awaited key
+	Unavailable   error // a shard could not be reached (a session close is tried again)
+}
+
+// Config is what node gives a Client. Every field is required except
+// Waiters, RoundClock and Log.
+type Config struct {
+	// Name is this peer's name, the owner of its sessions on the cluster.
+	Name string
+	// SessionTTL is the default TTL (Client.Default), and the longest
+	// keepalive interval is a quarter of it.
+	SessionTTL time.Duration
+	// LeaseMargin is the least a holder gives its lease up before the
+	// TTL runs out (see Margin).
+	LeaseMargin time.Duration
+	// CloseTimeout bounds the close of each session on the cluster when
+	// the node closes (Client.Close).
+	CloseTimeout time.Duration
+
+	// Clock is the lease clock: it times keepalive sends, deadlines and
+	// the deadline timers.
+	Clock Clock
+	// RoundClock times the keepalive rounds; nil means Clock. node uses
+	// the system clock, so that a jump of the lease clock moves
+	// deadlines but not the rounds that keep them.
+	RoundClock Clock
+	Log        *slog.Logger
+	Errors     Errors
+
+	// Apply commits cmd in shard's Raft log and returns its result,
+	// retrying unchanged while the outcome is unknown and ctx lasts.
+	Apply func(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error)
+	// ReadAttempt reads the attempt (session, req) from shard's
+	// replicated state, linearizably; found is false when the shard no
+	// longer knows the session.
+	ReadAttempt func(ctx context.Context, shard, session, req uint64) (found bool, attempt lockfsm.RequestInfo, err error)
+	// KeepAlive delivers one keepalive for the sessions ids of this peer
+	// to shard's leader, and returns those the leader counts as expired.
+	KeepAlive func(ctx context.Context, shard uint64, ids []uint64) (expired []uint64, err error)
+	// Go runs f in the background with a context that ends when the
+	// node stops; node waits for it on Close.
+	Go func(f func(ctx context.Context))
+	// Stop is closed when the node stops.
+	Stop <-chan struct{}
+	// Waiters is where grants reach queued attempts; nil means a new one.
+	Waiters *Waiters
+}
+
+// Client is the client side of one peer: its Owners (node's Sessions),
+// the default Owner of each shard (node.Lock's), and their keepalives.
+// Safe for concurrent use.
+type Client struct {
+	cfg     Config
+	waiters *Waiters
+	kick    chan struct{} // a session opened: its TTL may be the shortest
+
+	mu       sync.Mutex
+	owners   map[*Owner]struct{} // the live ones: keepalives and Close reach them here
+	defaults map[uint64]*Owner   // the default Owner of each shard
+	closed   bool                // set by Close: no new Owner
+}
+
+// New returns a Client with no sessions. It starts nothing: node runs
+// RunKeepAlives.
+func New(cfg Config) *Client {
+	if cfg.RoundClock == nil {
+		cfg.RoundClock = cfg.Clock
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Waiters == nil {
+		cfg.Waiters = NewWaiters()
+	}
+	return &Client{
+		cfg: cfg, waiters: cfg.Waiters, kick: make(chan struct{}, 1),
+		owners: map[*Owner]struct{}{}, defaults: map[uint64]*Owner{},
+	}
+}
+
+// Waiters returns the registry that grants for this peer's queued
+// attempts are handed to.
+func (c *Client) Waiters() *Waiters { return c.waiters }
+
+func (c *Client) now() time.Time { return c.cfg.Clock.Now() }
+
+// stopped reports whether the node has stopped.
+func (c *Client) stopped() bool {
+	select {
+	case <-c.cfg.Stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// NewOwner starts an Owner with ttl. It does no I/O: the Owner opens a
+// replicated session on each shard at its first lock there. It fails with
+// Errors.Closed once Close was called or the node stopped.
+func (c *Client) NewOwner(ttl time.Duration) (*Owner, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.newOwnerLocked(ttl)
+}
+
+func (c *Client) newOwnerLocked(ttl time.Duration) (*Owner, error) {
+	if c.closed || c.stopped() {
+		return nil, c.cfg.Errors.Closed
+	}
+	o := &Owner{c: c, ttl: ttl, shards: map[uint64]*slot{}, done: make(chan struct{})}
+	c.owners[o] = struct{}{}
+	return o, nil
+}
+
+// Default returns the live default Owner of shard, with Config.SessionTTL,
+// starting a new one if there is none or the last has ended: a loss on one
+// shard does not end node.Lock's locks on another.
+func (c *Client) Default(shard uint64) (*Owner, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if o := c.defaults[shard]; o != nil && o.Err() == nil {
+		return o, nil
+	}
+	o, err := c.newOwnerLocked(c.cfg.SessionTTL)
+	if err == nil {
+		c.defaults[shard] = o
+	}
+	return o, err
+}
+
+// forget drops an ended Owner from the registry.
+func (c *Client) forget(o *Owner) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.owners, o)
+	for shard, d := range c.defaults {
+		if d == o {
+			delete(c.defaults, shard)
+		}
+	}
+}
+
+// live lists the replicated sessions to keep alive: the opened, not lost
+// sessions of every live, not orphaned Owner.
+func (c *Client) live() []*Session {
+	c.mu.Lock()
+	owners := make([]*Owner, 0, len(c.owners))
+	for o := range c.owners {
+		owners = append(owners, o)
+	}
+	c.mu.Unlock()
+	var out []*Session
+	for _, o := range owners {
+		o.mu.Lock()
+		if o.err == nil && !o.orphaned {
+			for _, s := range o.openedLocked() {
+				if !s.isLost() {
+					out = append(out, s)
+				}
+			}
+		}
+		o.mu.Unlock()
+	}
+	return out
+}
+
+// Close ends every Owner of this peer with Errors.Closed and closes their
+// sessions on the cluster, each bounded by Config.CloseTimeout and ctx,
+// so their locks pass to the next waiters at once; orphaned Owners are
+// left to their TTL. Holders here see Done closed before the cluster can
+// hand their locks on. No Owner starts after Close. It returns when every
+// close has committed or given up.
+func (c *Client) Close(ctx context.Context) {
+	c.mu.Lock()
+	c.closed = true
+	owners := make([]*Owner, 0, len(c.owners))
+	for o := range c.owners {
+		owners = append(owners, o)
+	}
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, o := range owners {
+		orphaned := o.Orphaned()
+		for _, s := range o.end(fmt.Errorf("%w: the session ended with it; its locks pass to the next waiters", c.cfg.Errors.Closed)) {
+			if orphaned {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cctx, cancel := context.WithTimeout(ctx, c.cfg.CloseTimeout)
+				defer cancel()
+				_, _ = c.cfg.Apply(cctx, s.shard, lockfsm.Command{Op: lockfsm.OpCloseSession, Session: s.id})
+			}()
+		}
+	}
+	wg.Wait()
+}
 
 // Attempts is the request table of one replicated session: the request
 // ids it hands out (increasing from 1), which of them still wait for their

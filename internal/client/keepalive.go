@@ -1,0 +1,112 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// RunKeepAlives is the keepalive loop, the one place this peer's
+// keepalives are sent from; it returns when ctx ends. A round starts every
+// quarter of the shortest TTL among the live sessions (and of
+// Config.SessionTTL), counted on Config.RoundClock from the start of the
+// last round, so a slow round does not push the next one back; a session
+// opened with a shorter TTL moves the next round up. Each round makes one
+// Config.KeepAlive call per shard, carrying every live session this peer
+// has there, bounded by the interval. An acknowledgement extends each
+// session from the time the keepalive was sent (Session.Extend); a session
+// the leader reports expired is lost.
+func (c *Client) RunKeepAlives(ctx context.Context) {
+	clock := c.cfg.RoundClock
+	wake := make(chan struct{}, 1)
+	t := clock.AfterFunc(c.cfg.SessionTTL/4, func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
+	defer t.Stop()
+	last := clock.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.kick:
+			t.Reset(max(0, last.Add(c.interval(c.live())).Sub(clock.Now())))
+			continue
+		case <-wake:
+		}
+		last = clock.Now()
+		ss := c.live()
+		interval := c.interval(ss)
+		c.round(ctx, ss, interval)
+		t.Reset(max(0, last.Add(interval).Sub(clock.Now())))
+	}
+}
+
+// interval is a quarter of the shortest TTL of ss, and of
+// Config.SessionTTL.
+func (c *Client) interval(ss []*Session) time.Duration {
+	interval := c.cfg.SessionTTL / 4
+	for _, s := range ss {
+		interval = min(interval, s.owner.ttl/4)
+	}
+	return interval
+}
+
+// kickKeepAlives tells the keepalive loop a session opened.
+func (c *Client) kickKeepAlives() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// round sends one keepalive per shard for ss, the shards' calls
+// concurrently, and returns when every call has been answered or has
+// failed (each is bounded by interval).
+func (c *Client) round(ctx context.Context, ss []*Session, interval time.Duration) {
+	byShard := map[uint64][]*Session{}
+	for _, s := range ss {
+		byShard[s.shard] = append(byShard[s.shard], s)
+	}
+	var wg sync.WaitGroup
+	for shard, ss := range byShard {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.keepAlive(ctx, shard, ss, interval)
+		}()
+	}
+	wg.Wait()
+}
+
+// keepAlive sends the keepalive of ss, sessions on shard, and applies the
+// answer: expired sessions are lost, the others extended from the send
+// time. A failed call changes nothing; the deadlines run on.
+func (c *Client) keepAlive(ctx context.Context, shard uint64, ss []*Session, interval time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, interval)
+	defer cancel()
+	ids := make([]uint64, len(ss))
+	for i, s := range ss {
+		ids[i] = s.id
+	}
+	sent := c.now()
+	expired, err := c.cfg.KeepAlive(ctx, shard, ids)
+	if err != nil {
+		c.cfg.Log.Debug("keepalive failed", "shard", shard, "err", err)
+		return
+	}
+	gone := map[uint64]bool{}
+	for _, id := range expired {
+		gone[id] = true
+	}
+	for _, s := range ss {
+		if gone[s.id] {
+			s.Lose(fmt.Errorf("%w: the leader of shard %d no longer counts session %d as live", c.cfg.Errors.LeaseExpired, shard, s.id))
+		} else {
+			s.Extend(sent)
+		}
+	}
+}

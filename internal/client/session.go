@@ -1,0 +1,405 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
+)
+
+// Owner is the client side of a node.Session: the owner of one replicated
+// session on each shard it has taken a lock on, all kept alive by the
+// Client's keepalive loop and all ending together. When any of them is
+// lost, the whole Owner ends, every lock taken through it reports the
+// loss, and the others are closed on the cluster so their keys pass on at
+// once. Safe for concurrent use.
+type Owner struct {
+	c   *Client
+	ttl time.Duration
+
+	mu       sync.Mutex
+	shards   map[uint64]*slot // the replicated session on each shard used
+	orphaned bool             // keepalives stopped by Orphan
+	done     chan struct{}
+	err      error // why done closed
+}
+
+// slot lets concurrent callers share one session open.
+type slot struct {
+	done chan struct{}
+	s    *Session
+	err  error
+}
+
+// TTL returns the Owner's time to live.
+func (o *Owner) TTL() time.Duration { return o.ttl }
+
+// Done is closed when the Owner ends; Err says why.
+func (o *Owner) Done() <-chan struct{} { return o.done }
+
+// Err returns nil while the Owner lives, then why Done closed: lost
+// (Errors.LeaseExpired), closed (Errors.SessionClosed) or ended with its
+// node (Errors.Closed).
+func (o *Owner) Err() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
+}
+
+// Orphan stops the Owner's keepalives without closing it: the cluster
+// frees its locks when its TTL runs out, and its locks' Done close when
+// their leases run out, as after a crash.
+func (o *Owner) Orphan() {
+	o.mu.Lock()
+	o.orphaned = true
+	o.mu.Unlock()
+}
+
+// Orphaned reports whether Orphan was called.
+func (o *Owner) Orphaned() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.orphaned
+}
+
+// Session returns the Owner's replicated session on shard, opening one if
+// needed (concurrent callers share one open), or the Owner's error once it
+// has ended. A session opened while the Owner ended is ended at once.
+func (o *Owner) Session(ctx context.Context, shard uint64) (*Session, error) {
+	for {
+		o.mu.Lock()
+		if o.err != nil {
+			err := o.err
+			o.mu.Unlock()
+			return nil, err
+		}
+		sl, ok := o.shards[shard]
+		if !ok {
+			sl = &slot{done: make(chan struct{})}
+			o.shards[shard] = sl
+			o.mu.Unlock()
+			sl.s, sl.err = o.c.open(ctx, o, shard)
+			// Published under o.mu: either end already ran (and did not
+			// see this slot), so the new session is ended here, or end
+			// runs later and ends it with the others.
+			o.mu.Lock()
+			if sl.err != nil {
+				delete(o.shards, shard)
+			}
+			close(sl.done)
+			ended := o.err
+			o.mu.Unlock()
+			if ended != nil && sl.s != nil {
+				sl.s.loseLocally(ended)
+				o.closeInBackground(ended, []*Session{sl.s})
+				return nil, ended
+			}
+			return sl.s, sl.err
+		}
+		o.mu.Unlock()
+		select {
+		case <-sl.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if sl.err != nil {
+			continue // the opener's context ended; try with ours
+		}
+		return sl.s, nil
+	}
+}
+
+// openedLocked returns the replicated sessions whose open has finished.
+// o.mu must be held.
+func (o *Owner) openedLocked() []*Session {
+	var out []*Session
+	for _, sl := range o.shards {
+		select {
+		case <-sl.done:
+			if sl.s != nil {
+				out = append(out, sl.s)
+			}
+		default:
+		}
+	}
+	return out
+}
+
+// Close ends the Owner now: its locks' Done close (Errors.SessionClosed),
+// then it is closed on every shard it used, which releases its locks and
+// hands them to their next waiters in the same Raft entry. It waits for
+// those closes until ctx ends; a close that has not committed by then goes
+// on in the background, and Close returns an error saying so. An orphaned
+// Owner is only ended here: its TTL decides on the cluster. Idempotent.
+func (o *Owner) Close(ctx context.Context) error {
+	ss := o.end(fmt.Errorf("%w: closed", o.c.cfg.Errors.SessionClosed))
+	if o.Orphaned() {
+		return nil
+	}
+	errs := make(chan error, len(ss))
+	for _, s := range ss {
+		o.c.cfg.Go(func(bg context.Context) { errs <- s.closeOnCluster(bg) })
+	}
+	var failed []error
+	for range ss {
+		select {
+		case err := <-errs:
+			if err != nil {
+				failed = append(failed, err)
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("close session: not every shard has committed the close; it goes on in the background: %w", ctx.Err())
+		}
+	}
+	return errors.Join(failed...)
+}
+
+// end ends the Owner on this side with err, once, and returns its
+// replicated sessions, each lost with err.
+func (o *Owner) end(err error) []*Session {
+	o.mu.Lock()
+	if o.err != nil {
+		o.mu.Unlock()
+		return nil
+	}
+	o.err = err
+	close(o.done)
+	ss := o.openedLocked()
+	o.mu.Unlock()
+	o.c.forget(o)
+	for _, s := range ss {
+		s.loseLocally(err)
+	}
+	return ss
+}
+
+// lost ends the Owner because one of its replicated sessions was lost,
+// and closes the others on the cluster so their keys pass on at once.
+func (o *Owner) lost(err error) {
+	o.closeInBackground(err, o.end(err))
+}
+
+// closeInBackground closes ss, replicated sessions of o that ended with
+// err, on the cluster, so their keys pass on at once; not for an orphaned
+// Owner (its TTL decides) or when the node closes (Client.Close does it).
+func (o *Owner) closeInBackground(err error, ss []*Session) {
+	if o.c.stopped() || errors.Is(err, o.c.cfg.Errors.Closed) || o.Orphaned() {
+		return
+	}
+	for _, s := range ss {
+		o.c.cfg.Go(func(bg context.Context) { _ = s.closeOnCluster(bg) })
+	}
+}
+
+// Session is one replicated session, on one shard, of an Owner: the owner
+// of its locks there. Its Lease says until when its locks may be relied
+// on; a timer, and every Held.Done and Held.Err call, compare the
+// deadline with the clock, and once it has passed the session is lost.
+// Safe for concurrent use.
+type Session struct {
+	c     *Client
+	owner *Owner
+	shard uint64
+	id    uint64
+
+	// attempts are its request ids, the ones without their final answer
+	// yet, and the keys being released.
+	attempts *Attempts
+
+	mu      sync.Mutex
+	held    map[uint64]*Held // held locks by request id
+	lease   Lease
+	timer   Timer
+	lost    chan struct{}
+	lostErr error
+}
+
+// open opens a replicated session of owner on shard. Its lease counts
+// from the moment the open was sent, as a keepalive's does.
+func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session, error) {
+	sent := c.now()
+	res, err := c.cfg.Apply(ctx, shard, lockfsm.Command{
+		Op: lockfsm.OpOpenSession, Owner: c.cfg.Name, TTLMillis: uint64((owner.ttl + time.Millisecond - 1) / time.Millisecond),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open session on shard %d: %w", shard, err)
+	}
+	if res.Status != lockfsm.StatusOK {
+		return nil, fmt.Errorf("open session on shard %d: %s", shard, Describe(res))
+	}
+	s := &Session{
+		c: c, owner: owner, shard: shard, id: res.Session, attempts: NewAttempts(),
+		held: map[uint64]*Held{}, lost: make(chan struct{}),
+		lease: NewLease(owner.ttl, Margin(owner.ttl, c.cfg.LeaseMargin), sent),
+	}
+	s.mu.Lock()
+	s.armLocked()
+	s.mu.Unlock()
+	c.cfg.Log.Debug("session opened", "shard", shard, "session", s.id)
+	c.kickKeepAlives()
+	return s, nil
+}
+
+// ID is the session's id in its shard.
+func (s *Session) ID() uint64 { return s.id }
+
+// Shard is the shard the session lives in.
+func (s *Session) Shard() uint64 { return s.shard }
+
+// Owner is the Owner the session belongs to.
+func (s *Session) Owner() *Owner { return s.owner }
+
+// Attempts is the session's request table.
+func (s *Session) Attempts() *Attempts { return s.attempts }
+
+// Deadline is when the session's lease runs out, as it stands now.
+func (s *Session) Deadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lease.Deadline()
+}
+
+// Lost is closed once the session is lost; Err says why.
+func (s *Session) Lost() <-chan struct{} { return s.lost }
+
+// Err returns nil while the session lives, then why it was lost.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lostErr
+}
+
+func (s *Session) isLost() bool {
+	select {
+	case <-s.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// Extend records that a keepalive sent at sent was acknowledged: the
+// deadline moves to sent + TTL - margin, never back. A lease whose
+// deadline has already passed is never revived, even if its timer has not
+// run yet: the session is lost now instead (see Lease.Extend).
+func (s *Session) Extend(sent time.Time) {
+	s.mu.Lock()
+	if s.lostErr != nil {
+		s.mu.Unlock()
+		return
+	}
+	if s.lease.Extend(sent, s.c.now()) {
+		s.armLocked()
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.CheckDeadline()
+}
+
+// armLocked sets the deadline timer to the deadline as the clock reads
+// now. s.mu must be held.
+func (s *Session) armLocked() {
+	wait := s.lease.Deadline().Sub(s.c.now())
+	if s.timer == nil {
+		s.timer = s.c.cfg.Clock.AfterFunc(wait, s.onTimer)
+	} else {
+		s.timer.Reset(wait)
+	}
+}
+
+// onTimer fires at the deadline as the clock stood when it was set; if the
+// lease was extended meanwhile, or the clock says otherwise, it re-arms.
+func (s *Session) onTimer() {
+	s.CheckDeadline()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lostErr == nil {
+		s.timer.Reset(max(s.lease.Deadline().Sub(s.c.now()), time.Millisecond))
+	}
+}
+
+// CheckDeadline loses the session if its deadline has passed; it runs from
+// the deadline timer and from every Held.Done and Held.Err call, so that a
+// holder that was paused past its deadline learns it on waking, whether or
+// not the timer has run yet.
+func (s *Session) CheckDeadline() {
+	s.mu.Lock()
+	if s.lostErr != nil || !s.lease.Passed(s.c.now()) {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.Lose(fmt.Errorf("%w: keepalives on shard %d not acknowledged within the session TTL of %v", s.c.cfg.Errors.LeaseExpired, s.shard, s.owner.ttl))
+}
+
+// Lose ends the session on this side because it was lost, once, which
+// ends its whole Owner: every lock it holds reports err on Done, and the
+// session (with the Owner's others) is closed on the cluster in the
+// background so its locks are handed on without waiting for the TTL.
+func (s *Session) Lose(err error) {
+	if s.loseLocally(err) {
+		s.owner.lost(err) // closes this one on the cluster with the others
+	}
+}
+
+// loseLocally ends the session on this side, once: its locks' Done close
+// with err. It reports whether this call ended it.
+func (s *Session) loseLocally(err error) bool {
+	s.mu.Lock()
+	if s.lostErr != nil {
+		s.mu.Unlock()
+		return false
+	}
+	s.lostErr = err
+	close(s.lost)
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	held := s.held
+	s.held = map[uint64]*Held{}
+	s.mu.Unlock()
+	for _, h := range held {
+		h.claim(err)
+	}
+	level := s.c.cfg.Log.Warn
+	if errors.Is(err, s.c.cfg.Errors.SessionClosed) || errors.Is(err, s.c.cfg.Errors.Closed) {
+		level = s.c.cfg.Log.Debug
+	}
+	level("session ended", "shard", s.shard, "session", s.id, "locks", len(held), "err", err)
+	return true
+}
+
+// closeOnCluster closes the session on the cluster so its locks are handed
+// on without waiting for the leader to expire it. A close that cannot
+// commit (the shard has no quorum) is tried again, a TTL at a time, until
+// it lands or ctx ends or the node stops: when the quorum returns, the
+// keys are freed at the next try instead of a full TTL after the new
+// leader's grace. It returns the last error when it gives up.
+func (s *Session) closeOnCluster(ctx context.Context) error {
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, s.owner.ttl)
+		_, err := s.c.cfg.Apply(tctx, s.shard, lockfsm.Command{Op: lockfsm.OpCloseSession, Session: s.id})
+		cancel()
+		if err == nil || ctx.Err() != nil || s.c.stopped() {
+			return err
+		}
+		if !errors.Is(err, s.c.cfg.Errors.Unavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			s.c.cfg.Log.Warn("session close failed", "shard", s.shard, "session", s.id, "err", err)
+			return err
+		}
+		s.c.cfg.Log.Info("session close not committed yet; trying again", "shard", s.shard, "session", s.id, "try", try, "err", err)
+	}
+}
+
+// Describe names an unexpected result for an error text or a log line,
+// by status name ("Invalid"), not number.
+func Describe(r lockfsm.Result) string {
+	if r.Err != "" {
+		return fmt.Sprintf("status %v: %s", r.Status, r.Err)
+	}
+	return fmt.Sprintf("status %v", r.Status)
+}
