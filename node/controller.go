@@ -71,14 +71,7 @@ func (n *Node) controlLoop() {
 }
 
 // leadsShard reports whether this peer's replica of shard is its leader.
-func (n *Node) leadsShard(shard uint64) bool {
-	id, ok := n.localReplica(shard)
-	if !ok {
-		return false
-	}
-	lid, _, valid, err := n.nh.GetLeaderID(shard)
-	return err == nil && valid && lid == id
-}
+func (n *Node) leadsShard(shard uint64) bool { return n.replicas.Leads(shard) }
 
 func (n *Node) controlStep() error {
 	ctx, cancel := context.WithTimeout(n.ctx, n.proposalTimeout())

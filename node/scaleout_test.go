@@ -176,12 +176,7 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 	late.waitReady(t)
 	all := append(append([]*testPeer(nil), peers...), late)
 	waitBalanced(t, all, 60*time.Second)
-	before := map[uint64]uint64{}
-	late.node.runMu.Lock()
-	for shard, id := range late.node.running {
-		before[shard] = id
-	}
-	late.node.runMu.Unlock()
+	before := late.node.replicas.Running()
 	if len(before) == 0 {
 		t.Fatal("peer-4 was given no replicas")
 	}
@@ -213,14 +208,13 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 			t.Fatalf("shard %d lists peer-4's old replica %d again", shard, old)
 		}
 	}
-	late.node.runMu.Lock()
-	defer late.node.runMu.Unlock()
-	for shard, id := range late.node.running {
+	running := late.node.replicas.Running()
+	for shard, id := range running {
 		if before[shard] == id {
 			t.Fatalf("peer-4 runs its old replica %d of shard %d again", id, shard)
 		}
 	}
-	if len(late.node.running) == 0 {
+	if len(running) == 0 {
 		t.Fatal("returning peer-4 was given no replicas")
 	}
 }
