@@ -77,7 +77,7 @@ type Node struct {
 	leaderMu sync.Mutex
 	leaders  map[uint64]string // shard -> peer name of the last known leader
 
-	ctrl controller // acts only while this peer leads the meta shard
+	ctrl *cluster.Controller // acts only while this peer leads the meta shard
 }
 
 // Start starts a peer: it listens on the configured addresses, joins the
@@ -120,7 +120,8 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	n.goFunc(n.keepAliveLoop)
 	n.goFunc(n.expiryLoop)
 	n.goFunc(n.notifyLoop)
-	n.goFunc(n.controlLoop)
+	n.ctrl = n.newController()
+	n.goFunc(func() { n.ctrl.Run(n.ctx) })
 	n.goFunc(n.placementLoop)
 	n.goFunc(n.knownPeersLoop)
 	return n, nil

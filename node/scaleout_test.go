@@ -413,27 +413,27 @@ func TestCheckQuorumCountsCaughtUpReplicas(t *testing.T) {
 	// Every shard elects a leader first.
 	waitBalanced(t, peers, 30*time.Second)
 	for _, shard := range p.ShardIDs() {
-		if err := n.checkQuorum(ctx, p, shard, "peer-4", 1); err != nil {
+		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-4", 1); err != nil {
 			t.Fatalf("all caught up, adding to shard %d: %v", shard, err)
 		}
-		if err := n.checkQuorum(ctx, p, shard, "peer-3", -1); err != nil {
+		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-3", -1); err != nil {
 			t.Fatalf("all caught up, removing from shard %d: %v", shard, err)
 		}
 	}
 	peers[2].node.kill()
 	for _, shard := range p.ShardIDs() {
 		// 2 of 3 caught up: enough for 3 members, not for 4.
-		if err := n.checkQuorum(ctx, p, shard, "peer-4", 1); err == nil {
+		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-4", 1); err == nil {
 			t.Errorf("shard %d: adding a 4th member with a 3rd one down was allowed", shard)
 		} else {
 			t.Logf("shard %d, add: %v", shard, err)
 		}
-		if err := n.checkQuorum(ctx, p, shard, "peer-2", -1); err == nil {
+		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-2", -1); err == nil {
 			t.Errorf("shard %d: removing a live member, leaving 1 caught up of 2, was allowed", shard)
 		}
 		// Once the shard has re-elected a leader if peer-3 led it.
 		for {
-			err := n.checkQuorum(ctx, p, shard, "peer-3", -1)
+			err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-3", -1)
 			if err == nil {
 				break
 			}
