@@ -19,7 +19,8 @@ import (
 )
 
 // ElectionRTT is every replica's election timeout in RTTs. The leader-side
-// lease rules count their grace in election timeouts, so node reads it too.
+// lease rules (node/leases.go) count a new leader's grace in election
+// timeouts of this length: change both together.
 const ElectionRTT = 10
 
 // removeDataTimeout bounds the deletion of a removed replica's data.
