@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/mesh"
 )
@@ -98,7 +99,7 @@ func (n *Node) coordinate(members []mesh.Member) error {
 	var idb [8]byte
 	_, _ = rand.Read(idb[:])
 	cid := binary.BigEndian.Uint64(idb[:]) | 1
-	level := newClusterLevel(n.topLevel(), members)
+	level := cluster.NewLevel(n.topLevel(), members)
 	p := layout.New(cid, n.cfg.Shards, n.cfg.ReplicationFactor, keySchemeFor(level), peers)
 	p.Level = uint32(level)
 	raw, err := layout.Encode(p)

@@ -57,15 +57,7 @@ func TestCheckIdentity(t *testing.T) {
 }
 
 // runningIDs copies the replica ids n runs, by shard.
-func runningIDs(n *Node) map[uint64]uint64 {
-	n.runMu.Lock()
-	defer n.runMu.Unlock()
-	out := make(map[uint64]uint64, len(n.running))
-	for shard, id := range n.running {
-		out[shard] = id
-	}
-	return out
-}
+func runningIDs(n *Node) map[uint64]uint64 { return n.replicas.Running() }
 
 // oldReplicaRuns names a replica id from old that n runs, if any.
 func oldReplicaRuns(n *Node, old map[uint64]bool) string {

@@ -56,14 +56,9 @@ func (n *Node) callPeerWith(ctx context.Context, name string, method uint8, req 
 func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) ([]byte, error) {
 	switch method {
 	case methodStatus:
-		st := statusResp{Replicas: map[uint64]uint64{}, Leaders: map[uint64]uint64{}, Level: n.topLevel()}
-		n.runMu.Lock()
-		for shard, id := range n.running {
-			st.Replicas[shard] = id
-		}
-		n.runMu.Unlock()
+		st := statusResp{Replicas: n.replicas.Running(), Leaders: map[uint64]uint64{}, Level: n.topLevel()}
 		for shard, id := range st.Replicas {
-			if lid, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
+			if lid, ok := n.replicas.Leader(shard); ok {
 				st.Leaders[shard] = lid
 				if lid == id {
 					st.Leading = append(st.Leading, shard)
@@ -464,16 +459,10 @@ func (n *Node) Leave(ctx context.Context) error {
 		}
 	}
 	// Wait for this peer's copy to drop the last replica too.
-	for n.runningCount() > 0 {
+	for n.replicas.Count() > 0 {
 		if err := n.backoff(ctx, 2); err != nil {
 			return fmt.Errorf("leave: %w", err)
 		}
 	}
 	return n.Close()
-}
-
-func (n *Node) runningCount() int {
-	n.runMu.Lock()
-	defer n.runMu.Unlock()
-	return len(n.running)
 }

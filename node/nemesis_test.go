@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -851,9 +850,7 @@ func describeOwnView(p *faultPeer) string {
 	if pl := n.placement.Load(); pl != nil {
 		epoch = pl.Epoch
 	}
-	n.runMu.Lock()
-	running := maps.Clone(n.running)
-	n.runMu.Unlock()
+	running := n.replicas.Running()
 	return fmt.Sprintf("%s's own view: layout epoch %d, runs replicas (shard:replica) %v", p.name, epoch, running)
 }
 

@@ -6,17 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/lni/dragonboat/v4"
-	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
 	"github.com/lockmesh/lockmesh/internal/client"
+	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/router"
@@ -33,9 +32,12 @@ type Node struct {
 	log   *slog.Logger
 
 	mesh  *mesh.Mesh
-	nh    *dragonboat.NodeHost
+	nh    *dragonboat.NodeHost // replicas' NodeHost, for proposals and reads
 	rpc   *transport.Server
 	peers *transport.Client
+
+	// replicas owns the NodeHost and the table of replicas this peer runs.
+	replicas *cluster.Replicas
 
 	stop    chan struct{} // closed by Close
 	ctx     context.Context
@@ -70,14 +72,7 @@ type Node struct {
 	leases  leaseTable
 	notifyQ chan notifyJob
 
-	runMu   sync.Mutex
-	running map[uint64]uint64 // shard -> id of the replica this peer runs
-	// halted lists the shards whose replica here fail-stopped on an entry
-	// it could not read; they are not started again until the process
-	// restarts (upgraded).
-	halted map[uint64]*HaltError
-
-	ctrl controller // acts only while this peer leads the meta shard
+	ctrl *cluster.Controller // acts only while this peer leads the meta shard
 }
 
 // Start starts a peer: it listens on the configured addresses, joins the
@@ -104,8 +99,6 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		ready:   make(chan struct{}),
 		waiters: client.NewWaiters(),
 		notifyQ: make(chan notifyJob, 4096),
-		halted:  map[uint64]*HaltError{},
-		running: map[uint64]uint64{},
 	}
 	n.client = newClient(n)
 	n.leases.init(n.cfg, n.hooks)
@@ -118,7 +111,8 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	n.goFunc(n.keepAliveLoop)
 	n.goFunc(n.expiryLoop)
 	n.goFunc(n.notifyLoop)
-	n.goFunc(n.controlLoop)
+	n.ctrl = n.newController()
+	n.goFunc(func() { n.ctrl.Run(n.ctx) })
 	n.goFunc(n.placementLoop)
 	n.goFunc(n.knownPeersLoop)
 	return n, nil
@@ -155,30 +149,26 @@ func (n *Node) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
 	}
-	nhc := config.NodeHostConfig{
-		NodeHostDir:       cfg.FS.PathJoin(cfg.DataDir, "raft"),
-		RTTMillisecond:    uint64(cfg.RTT / time.Millisecond),
-		RaftAddress:       cfg.RaftAddr,
-		RaftEventListener: leaderListener{n},
-		Expert: config.ExpertConfig{
-			FS:                  cfg.FS,
-			NodeRegistryFactory: n.mesh.NodeRegistryFactory(),
-			LogDB:               logDBConfig(),
-			Engine:              engineConfig(),
-		},
-	}
-	if n.hooks.raftTransport != nil {
-		nhc.Expert.TransportFactory = n.hooks.raftTransport
+	hc := cluster.HostConfig{
+		Dir:       cfg.FS.PathJoin(cfg.DataDir, "raft"),
+		RaftAddr:  cfg.RaftAddr,
+		RTT:       cfg.RTT,
+		FS:        cfg.FS,
+		Registry:  n.mesh.NodeRegistryFactory(),
+		Transport: n.hooks.raftTransport,
+		Listener:  leaderListener{n},
+		Logger:    n.log,
+		OnStop:    n.leases.Drop,
 	}
 	if cfg.RaftTLS.enabled() {
-		nhc.MutualTLS = true
-		nhc.CAFile, nhc.CertFile, nhc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
+		hc.CAFile, hc.CertFile, hc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
 	}
 	n.warnPlaintext()
 	n.hintGOMAXPROCS()
-	if n.nh, err = dragonboat.NewNodeHost(nhc); err != nil {
-		return fmt.Errorf("start raft on %s: %w", cfg.RaftAddr, err)
+	if n.replicas, err = cluster.Open(hc); err != nil {
+		return err
 	}
+	n.nh = n.replicas.NodeHost()
 	meta := n.baseMeta()
 	if p, err := n.loadRecord(); err != nil {
 		return err
@@ -315,8 +305,8 @@ func (n *Node) shutdown(leave bool) {
 	if n.peers != nil {
 		_ = n.peers.Close()
 	}
-	if n.nh != nil {
-		n.nh.Close()
+	if n.replicas != nil {
+		n.replicas.Close()
 	}
 }
 
@@ -401,20 +391,8 @@ func (n *Node) adopt(p *layout.Placement) error {
 
 // startReplica starts this peer's replica r of shard: from its data if it
 // ran before, else as an initial member or by joining the running shard.
+// It returns the *HaltError of a replica that halted here.
 func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica) error {
-	rc := config.Config{
-		ShardID:            shard,
-		ReplicaID:          r.ID,
-		ElectionRTT:        10,
-		HeartbeatRTT:       1,
-		CheckQuorum:        true,
-		PreVote:            true,
-		SnapshotEntries:    10000,
-		CompactionOverhead: 5000,
-	}
-	if he := n.haltedShard(shard); he != nil {
-		return he
-	}
 	halt := halter{onStop: n.haltReplica}
 	var create sm.CreateStateMachineFunc
 	if shard == metaShardID {
@@ -426,130 +404,38 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 				maxFormat: commandFormat(n.topLevel()), halt: halt}
 		}
 	}
-	var err error
-	switch {
-	case n.nh.HasNodeInfo(shard, r.ID): // restart from local data
-		err = n.nh.StartReplica(nil, false, create, rc)
-	case r.Join:
-		err = n.nh.StartReplica(nil, true, create, rc)
-	default:
-		err = n.nh.StartReplica(p.InitialMembers(shard), false, create, rc)
-	}
-	if errors.Is(err, dragonboat.ErrShardAlreadyExist) {
-		err = nil
-	}
-	if err != nil {
-		return fmt.Errorf("start replica %d of shard %d: %w", r.ID, shard, err)
-	}
-	n.runMu.Lock()
-	he := n.halted[shard]
-	if he == nil {
-		n.running[shard] = r.ID
-	}
-	n.runMu.Unlock()
-	if he != nil {
-		// It halted while replaying its log, before it counted as
-		// running, so haltReplica found nothing to stop.
-		n.stopHalted(he.Shard, r.ID)
+	return n.replicas.Start(p, shard, r, create)
+}
+
+// stopReplica stops this peer's replica of shard and deletes its data:
+// the shard no longer lists it, and the id is never used again.
+func (n *Node) stopReplica(shard uint64) { n.replicas.Remove(n.ctx, shard) }
+
+// haltReplica stops the replica whose state machine fail-stopped at an
+// entry it cannot read, keeping its data: the log still holds the entry,
+// and an upgraded peer replays it at its next start. It runs on
+// dragonboat's apply goroutine and does not block.
+func (n *Node) haltReplica(he *HaltError) {
+	n.log.Error("replica stopped: it cannot read an entry of its shard's log", "shard", he.Shard,
+		"index", he.Index, "format_version", he.Version, "err", he.Err,
+		"fix", "upgrade this peer; its replica replays the entry from the log at the next start")
+	n.replicas.Halt(he.Shard, he)
+}
+
+// haltedShard returns why this peer's replica of shard halted, or nil.
+func (n *Node) haltedShard(shard uint64) *HaltError {
+	var he *HaltError
+	if errors.As(n.replicas.Halted(shard), &he) {
 		return he
 	}
 	return nil
 }
 
-// stopReplica stops this peer's replica of shard and deletes its data:
-// the shard no longer lists it, and the id is never used again.
-func (n *Node) stopReplica(shard uint64) {
-	n.runMu.Lock()
-	id, ok := n.running[shard]
-	delete(n.running, shard)
-	n.runMu.Unlock()
-	if !ok {
-		return
-	}
-	n.leases.Drop(shard)
-	if err := n.nh.StopReplica(shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
-		n.log.Warn("stop replica", "shard", shard, "replica", id, "err", err)
-	}
-	ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
-	defer cancel()
-	if err := n.nh.SyncRemoveData(ctx, shard, id); err != nil {
-		n.log.Warn("remove replica data", "shard", shard, "replica", id, "err", err)
-	}
-	n.log.Info("replica removed", "shard", shard, "replica", id)
-}
-
-// haltReplica stops the replica whose state machine fail-stopped at an
-// entry it cannot read, keeping its data: the log still holds the entry,
-// and an upgraded peer replays it at its next start. It runs on
-// dragonboat's apply goroutine, so the stop itself runs on another.
-func (n *Node) haltReplica(he *HaltError) {
-	n.log.Error("replica stopped: it cannot read an entry of its shard's log", "shard", he.Shard,
-		"index", he.Index, "format_version", he.Version, "err", he.Err,
-		"fix", "upgrade this peer; its replica replays the entry from the log at the next start")
-	n.runMu.Lock()
-	n.halted[he.Shard] = he
-	id, ok := n.running[he.Shard]
-	delete(n.running, he.Shard)
-	n.runMu.Unlock()
-	if !ok {
-		return
-	}
-	n.goFunc(func() { n.stopHalted(he.Shard, id) })
-}
-
-// stopHalted stops the halted replica id of shard, keeping its data.
-func (n *Node) stopHalted(shard, id uint64) {
-	n.leases.Drop(shard)
-	if err := n.nh.StopReplica(shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
-		n.log.Warn("stop halted replica", "shard", shard, "replica", id, "err", err)
-	}
-}
-
-// haltedShard returns why this peer's replica of shard halted, or nil.
-func (n *Node) haltedShard(shard uint64) *HaltError {
-	n.runMu.Lock()
-	defer n.runMu.Unlock()
-	return n.halted[shard]
-}
-
-// logDBConfig is dragonboat's small-memory LogDB with one storage shard
-// instead of 16: every Raft group of the peer then shares one write-ahead
-// log, so their writes are synced together instead of one fsync per
-// storage shard. Measured with 16 lock shards, 3 peers and fsync on:
-// lock+unlock at 64 callers went from about 1.0k to 2.6k ops/s.
-func logDBConfig() config.LogDBConfig {
-	c := config.GetTinyMemLogDBConfig()
-	c.Shards = 1
-	return c
-}
-
-// engineConfig sizes dragonboat's execution engine to the machine: as many
-// step, commit and apply workers as cores (at least 2, at most dragonboat's
-// 16) instead of 16 each. Fewer step workers put more Raft groups' updates
-// into each LogDB write and each wake-up. Measured on 2 cores with 16 lock
-// shards, 3 peers, fsync on, lock+unlock at 64 callers, five alternating
-// runs each: 1021 ops/s with 16 workers, 1538 with 2. The LogDB has one
-// storage shard, so the worker count may change between restarts.
-func engineConfig() config.EngineConfig {
-	c := config.GetDefaultEngineConfig()
-	w := min(uint64(max(2, runtime.GOMAXPROCS(0))), c.ExecShards)
-	c.ExecShards, c.CommitShards, c.ApplyShards = w, w, w
-	return c
-}
-
 // hostsShard reports whether this peer runs a replica of shard.
-func (n *Node) hostsShard(shard uint64) bool {
-	_, ok := n.localReplica(shard)
-	return ok
-}
+func (n *Node) hostsShard(shard uint64) bool { return n.replicas.Hosts(shard) }
 
 // localReplica returns the id of the replica of shard this peer runs.
-func (n *Node) localReplica(shard uint64) (uint64, bool) {
-	n.runMu.Lock()
-	defer n.runMu.Unlock()
-	id, ok := n.running[shard]
-	return id, ok
-}
+func (n *Node) localReplica(shard uint64) (uint64, bool) { return n.replicas.Local(shard) }
 
 // leaderListener receives dragonboat's leader changes on its own goroutine;
 // it only records them and never blocks.

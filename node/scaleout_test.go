@@ -176,12 +176,7 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 	late.waitReady(t)
 	all := append(append([]*testPeer(nil), peers...), late)
 	waitBalanced(t, all, 60*time.Second)
-	before := map[uint64]uint64{}
-	late.node.runMu.Lock()
-	for shard, id := range late.node.running {
-		before[shard] = id
-	}
-	late.node.runMu.Unlock()
+	before := late.node.replicas.Running()
 	if len(before) == 0 {
 		t.Fatal("peer-4 was given no replicas")
 	}
@@ -213,14 +208,13 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 			t.Fatalf("shard %d lists peer-4's old replica %d again", shard, old)
 		}
 	}
-	late.node.runMu.Lock()
-	defer late.node.runMu.Unlock()
-	for shard, id := range late.node.running {
+	running := late.node.replicas.Running()
+	for shard, id := range running {
 		if before[shard] == id {
 			t.Fatalf("peer-4 runs its old replica %d of shard %d again", id, shard)
 		}
 	}
-	if len(late.node.running) == 0 {
+	if len(running) == 0 {
 		t.Fatal("returning peer-4 was given no replicas")
 	}
 }
@@ -419,27 +413,27 @@ func TestCheckQuorumCountsCaughtUpReplicas(t *testing.T) {
 	// Every shard elects a leader first.
 	waitBalanced(t, peers, 30*time.Second)
 	for _, shard := range p.ShardIDs() {
-		if err := n.checkQuorum(ctx, p, shard, "peer-4", 1); err != nil {
+		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-4", 1); err != nil {
 			t.Fatalf("all caught up, adding to shard %d: %v", shard, err)
 		}
-		if err := n.checkQuorum(ctx, p, shard, "peer-3", -1); err != nil {
+		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-3", -1); err != nil {
 			t.Fatalf("all caught up, removing from shard %d: %v", shard, err)
 		}
 	}
 	peers[2].node.kill()
 	for _, shard := range p.ShardIDs() {
 		// 2 of 3 caught up: enough for 3 members, not for 4.
-		if err := n.checkQuorum(ctx, p, shard, "peer-4", 1); err == nil {
+		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-4", 1); err == nil {
 			t.Errorf("shard %d: adding a 4th member with a 3rd one down was allowed", shard)
 		} else {
 			t.Logf("shard %d, add: %v", shard, err)
 		}
-		if err := n.checkQuorum(ctx, p, shard, "peer-2", -1); err == nil {
+		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-2", -1); err == nil {
 			t.Errorf("shard %d: removing a live member, leaving 1 caught up of 2, was allowed", shard)
 		}
 		// Once the shard has re-elected a leader if peer-3 led it.
 		for {
-			err := n.checkQuorum(ctx, p, shard, "peer-3", -1)
+			err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-3", -1)
 			if err == nil {
 				break
 			}
