@@ -112,9 +112,21 @@ func TestReplicaStopsOnEntryItCannotDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r, err := p1.nh.SyncPropose(ctxT(t, 10*time.Second), p1.nh.GetNoOPSession(bad), unreadable)
-	if err != nil || r.Value != resultHalted {
-		t.Fatalf("proposing an unreadable entry: %+v %v", r, err)
+	// The controller may be moving the shard's leadership meanwhile, and
+	// a leader that is handing over drops proposals: the try then times
+	// out with nothing committed. Like the router, propose again while the
+	// outcome is unknown, until this replica answers halted or is halted
+	// (a try that committed but whose answer was lost).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r, err := p1.nh.SyncPropose(ctxT(t, 3*time.Second), p1.nh.GetNoOPSession(bad), unreadable)
+		if err == nil && r.Value == resultHalted || p1.haltedShard(bad) != nil {
+			break
+		}
+		if err == nil || !retryable(err) || time.Now().After(deadline) {
+			t.Fatalf("proposing an unreadable entry: %+v %v", r, err)
+		}
+		t.Logf("proposal of the unreadable entry not committed (%v); proposing it again", err)
 	}
 	var index uint64
 	for _, p := range peers {
