@@ -13,17 +13,17 @@ import (
 var (
 	// ErrLocked is returned by TryLock when the key is held by someone else
 	// (or others are already queued for it).
-	ErrLocked = errors.New("lockmesh: key is locked")
+	ErrLocked = lockerr.Locked
 	// ErrLeaseExpired means the lease of the session that held the lock may
 	// have expired: keepalives were not acknowledged within the TTL, or the
 	// cluster expired the session. Stop touching the protected resource.
-	ErrLeaseExpired = errors.New("lockmesh: lease expired")
+	ErrLeaseExpired = lockerr.LeaseExpired
 	// ErrNotHeld is returned by Unlock when the lock is no longer held, for
 	// example because it was already unlocked.
-	ErrNotHeld = errors.New("lockmesh: lock not held")
+	ErrNotHeld = lockerr.NotHeld
 	// ErrSessionClosed is returned by Lock.Err for a lock whose Session was
 	// closed, and by calls on a closed Session.
-	ErrSessionClosed = errors.New("lockmesh: session closed")
+	ErrSessionClosed = lockerr.SessionClosed
 	// ErrClosed is returned by calls made after Close, and by Lock.Err for
 	// a lock held when its node closed.
 	ErrClosed = lockerr.Closed

@@ -133,12 +133,8 @@ func newClient(n *Node) *client.Client {
 		Clock:        leaseClock{n.cfg.Clock},
 		// Rounds on Go's clock, as before the split: a jump of the lease
 		// clock moves deadlines, not the keepalives that keep them.
-		RoundClock: client.SystemClock{},
-		Log:        n.log,
-		Errors: client.Errors{
-			LeaseExpired: ErrLeaseExpired, SessionClosed: ErrSessionClosed, Closed: ErrClosed,
-			NotHeld: ErrNotHeld, Locked: ErrLocked, Unavailable: ErrUnavailable,
-		},
+		RoundClock:  client.SystemClock{},
+		Log:         n.log,
 		Apply:       n.clientApply,
 		ReadAttempt: n.readAttempt,
 		KeepAlive:   n.keepAliveShard,

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -45,18 +46,6 @@ func (SystemClock) Now() time.Time { return time.Now() }
 // AfterFunc is time.AfterFunc.
 func (SystemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
-// Errors are the sentinel errors that the client side's errors wrap. node
-// passes its own, so that callers go on checking node.ErrLeaseExpired and
-// the others with errors.Is.
-type Errors struct {
-	LeaseExpired  error // a lease may have run out, or the cluster expired its session
-	SessionClosed error // the Session was closed
-	Closed        error // the node closed
-	NotHeld       error // the lock was already given up
-	Locked        error // TryLock met a held or awaited key
-	Unavailable   error // a shard could not be reached (a session close is tried again)
-}
-
 // Config is what node gives a Client. Every field is required except
 // Waiters, RoundClock and Log.
 type Config struct {
@@ -80,7 +69,6 @@ type Config struct {
 	// deadlines but not the rounds that keep them.
 	RoundClock Clock
 	Log        *slog.Logger
-	Errors     Errors
 
 	// Apply commits cmd in shard's Raft log and returns its result,
 	// retrying unchanged while the outcome is unknown and ctx lasts.
@@ -151,7 +139,7 @@ func (c *Client) stopped() bool {
 
 // NewOwner starts an Owner with ttl. It does no I/O: the Owner opens a
 // replicated session on each shard at its first lock there. It fails with
-// Errors.Closed once Close was called or the node stopped.
+// lockerr.Closed once Close was called or the node stopped.
 func (c *Client) NewOwner(ttl time.Duration) (*Owner, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -160,7 +148,7 @@ func (c *Client) NewOwner(ttl time.Duration) (*Owner, error) {
 
 func (c *Client) newOwnerLocked(ttl time.Duration) (*Owner, error) {
 	if c.closed || c.stopped() {
-		return nil, c.cfg.Errors.Closed
+		return nil, lockerr.Closed
 	}
 	o := &Owner{c: c, ttl: ttl, shards: map[uint64]*slot{}, done: make(chan struct{})}
 	c.owners[o] = struct{}{}
@@ -219,7 +207,7 @@ func (c *Client) live() []*Session {
 	return out
 }
 
-// Close ends every Owner of this peer with Errors.Closed and closes their
+// Close ends every Owner of this peer with lockerr.Closed and closes their
 // sessions on the cluster, each bounded by Config.CloseTimeout and ctx,
 // so their locks pass to the next waiters at once; orphaned Owners are
 // left to their TTL. Holders here see Done closed before the cluster can
@@ -236,7 +224,7 @@ func (c *Client) Close(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, o := range owners {
 		orphaned := o.Orphaned()
-		for _, s := range o.end(fmt.Errorf("%w: the session ended with it; its locks pass to the next waiters", c.cfg.Errors.Closed)) {
+		for _, s := range o.end(fmt.Errorf("%w: the session ended with it; its locks pass to the next waiters", lockerr.Closed)) {
 			if orphaned {
 				continue
 			}

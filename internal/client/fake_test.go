@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -103,14 +104,14 @@ func (c *fakeClock) Advance(d time.Duration) {
 	}
 }
 
-// The sentinels node would pass.
+// The sentinels the client's errors wrap (node's public errors are these).
 var (
-	errLeaseExpired  = errors.New("lease expired")
-	errSessionClosed = errors.New("session closed")
-	errClosed        = errors.New("node closed")
-	errNotHeld       = errors.New("not held")
-	errLocked        = errors.New("locked")
-	errUnavailable   = errors.New("unavailable")
+	errLeaseExpired  = lockerr.LeaseExpired
+	errSessionClosed = lockerr.SessionClosed
+	errClosed        = lockerr.Closed
+	errNotHeld       = lockerr.NotHeld
+	errLocked        = lockerr.Locked
+	errUnavailable   = lockerr.Unavailable
 )
 
 // fakeCluster answers a Client's commands as a one-replica cluster that
@@ -187,10 +188,6 @@ func newTestClient(t *testing.T, ttl time.Duration) *testClient {
 	tc.Client = New(Config{
 		Name: "p1", SessionTTL: ttl, LeaseMargin: ttl / 10, CloseTimeout: time.Second,
 		Clock: tc.lease, RoundClock: tc.rounds, Log: slog.New(slog.DiscardHandler),
-		Errors: Errors{
-			LeaseExpired: errLeaseExpired, SessionClosed: errSessionClosed, Closed: errClosed,
-			NotHeld: errNotHeld, Locked: errLocked, Unavailable: errUnavailable,
-		},
 		Apply: tc.cluster.apply,
 		ReadAttempt: func(context.Context, uint64, uint64, uint64) (bool, lockfsm.RequestInfo, error) {
 			return false, lockfsm.RequestInfo{}, errors.New("no reads in these tests")

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -97,24 +98,23 @@ func (h *Held) claim(err error) (won bool) {
 // heldErr is the error Unlock and Release return for a lock that is no
 // longer held: already unlocked, or its lease was lost.
 func (h *Held) heldErr(err error) error {
-	if errors.Is(err, h.s.c.cfg.Errors.NotHeld) {
-		return fmt.Errorf("unlock %q: already unlocked: %w", h.key, h.s.c.cfg.Errors.NotHeld)
+	if errors.Is(err, lockerr.NotHeld) {
+		return fmt.Errorf("unlock %q: already unlocked: %w", h.key, lockerr.NotHeld)
 	}
 	return fmt.Errorf("unlock %q: %w", h.key, err)
 }
 
 // Unlock ends the lock for its holder (Done closes, Err returns
-// Errors.NotHeld) before it proposes the release, then waits until the
+// lockerr.NotHeld) before it proposes the release, then waits until the
 // release has committed or ctx ends. A release still uncommitted when ctx
 // ends goes on in the background, as with Release, and Unlock returns an
 // error wrapping ctx's error that says so. A nil error means the release
 // committed. A lock lost before the call gives an error wrapping
-// Errors.LeaseExpired; one already given up, Errors.NotHeld.
+// lockerr.LeaseExpired; one already given up, lockerr.NotHeld.
 func (h *Held) Unlock(ctx context.Context) error {
 	if err := h.end(); err != nil {
 		return err
 	}
-	errs := h.s.c.cfg.Errors
 	select {
 	case o := <-h.releaseInBackground():
 		if o.err != nil {
@@ -124,9 +124,9 @@ func (h *Held) Unlock(ctx context.Context) error {
 		case lockfsm.StatusOK:
 			return nil
 		case lockfsm.StatusNoSession:
-			return fmt.Errorf("unlock %q: %w: the session ended before the release reached the cluster", h.key, errs.LeaseExpired)
+			return fmt.Errorf("unlock %q: %w: the session ended before the release reached the cluster", h.key, lockerr.LeaseExpired)
 		case lockfsm.StatusNotHeld:
-			return fmt.Errorf("unlock %q: %w", h.key, errs.NotHeld)
+			return fmt.Errorf("unlock %q: %w", h.key, lockerr.NotHeld)
 		default:
 			return fmt.Errorf("unlock %q: %s", h.key, Describe(o.res))
 		}
@@ -152,7 +152,7 @@ func (h *Held) end() error {
 	if err := h.Err(); err != nil {
 		return h.heldErr(err)
 	}
-	if !h.claim(fmt.Errorf("%w: released", h.s.c.cfg.Errors.NotHeld)) {
+	if !h.claim(fmt.Errorf("%w: released", lockerr.NotHeld)) {
 		return h.heldErr(h.Err())
 	}
 	return nil
@@ -183,7 +183,7 @@ func (h *Held) releaseInBackground() <-chan outcome {
 		res, err := s.release(ctx, h.req)
 		out <- outcome{res: res, err: err}
 		if err != nil && !s.c.stopped() {
-			s.Lose(fmt.Errorf("%w: release of %q on shard %d did not commit: %v", s.c.cfg.Errors.LeaseExpired, h.key, s.shard, err))
+			s.Lose(fmt.Errorf("%w: release of %q on shard %d did not commit: %v", lockerr.LeaseExpired, h.key, s.shard, err))
 			return
 		}
 		if err == nil && res.Status != lockfsm.StatusOK {
@@ -216,7 +216,7 @@ func (s *Session) release(ctx context.Context, target uint64) (lockfsm.Result, e
 // replicated session there (opened if needed), after this peer's own
 // release of key, if one is in flight, has committed. With wait it queues
 // behind the key's holder and waiters (FIFO) until granted or ctx ends;
-// without, a held or awaited key fails at once with Errors.Locked.
+// without, a held or awaited key fails at once with lockerr.Locked.
 //
 // retry is true, with a nil lock and error, when the Owner's session was
 // lost on the way: the caller starts over in a live Owner, or reports the
@@ -265,9 +265,9 @@ func (s *Session) attempt(ctx context.Context, key string, wait bool) (h *Held, 
 	case lockfsm.StatusGranted:
 		return s.newHeld(key, req, res.Token), false, nil
 	case lockfsm.StatusLocked:
-		return nil, false, fmt.Errorf("lock %q: %w", key, c.cfg.Errors.Locked)
+		return nil, false, fmt.Errorf("lock %q: %w", key, lockerr.Locked)
 	case lockfsm.StatusNoSession:
-		s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", c.cfg.Errors.LeaseExpired, s.shard, s.id))
+		s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id))
 		return nil, true, nil
 	case lockfsm.StatusQueued:
 	default:
@@ -293,14 +293,14 @@ func (s *Session) attempt(ctx context.Context, key string, wait bool) (h *Held, 
 			abandoned = s.abandon(req)
 			return nil, false, fmt.Errorf("lock %q: %w", key, ctx.Err())
 		case <-c.cfg.Stop:
-			return nil, false, c.cfg.Errors.Closed
+			return nil, false, lockerr.Closed
 		}
 		found, a, err := c.cfg.ReadAttempt(ctx, s.shard, s.id, req)
 		if err != nil {
 			continue
 		}
 		if !found {
-			s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", c.cfg.Errors.LeaseExpired, s.shard, s.id))
+			s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id))
 			return nil, true, nil
 		}
 		if a.State == lockfsm.ReqHeld {
@@ -329,7 +329,7 @@ func (s *Session) abandon(req uint64) bool {
 		defer cancel()
 		_, err := s.c.cfg.Apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: req})
 		if err != nil && !s.c.stopped() {
-			s.Lose(fmt.Errorf("%w: withdrawal of an abandoned lock attempt on shard %d did not commit: %v", s.c.cfg.Errors.LeaseExpired, s.shard, err))
+			s.Lose(fmt.Errorf("%w: withdrawal of an abandoned lock attempt on shard %d did not commit: %v", lockerr.LeaseExpired, s.shard, err))
 		}
 	})
 	return true

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -41,8 +42,8 @@ func (o *Owner) TTL() time.Duration { return o.ttl }
 func (o *Owner) Done() <-chan struct{} { return o.done }
 
 // Err returns nil while the Owner lives, then why Done closed: lost
-// (Errors.LeaseExpired), closed (Errors.SessionClosed) or ended with its
-// node (Errors.Closed).
+// (lockerr.LeaseExpired), closed (lockerr.SessionClosed) or ended with its
+// node (lockerr.Closed).
 func (o *Owner) Err() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -128,14 +129,14 @@ func (o *Owner) openedLocked() []*Session {
 	return out
 }
 
-// Close ends the Owner now: its locks' Done close (Errors.SessionClosed),
+// Close ends the Owner now: its locks' Done close (lockerr.SessionClosed),
 // then it is closed on every shard it used, which releases its locks and
 // hands them to their next waiters in the same Raft entry. It waits for
 // those closes until ctx ends; a close that has not committed by then goes
 // on in the background, and Close returns an error saying so. An orphaned
 // Owner is only ended here: its TTL decides on the cluster. Idempotent.
 func (o *Owner) Close(ctx context.Context) error {
-	ss := o.end(fmt.Errorf("%w: closed", o.c.cfg.Errors.SessionClosed))
+	ss := o.end(fmt.Errorf("%w: closed", lockerr.SessionClosed))
 	if o.Orphaned() {
 		return nil
 	}
@@ -186,7 +187,7 @@ func (o *Owner) lost(err error) {
 // err, on the cluster, so their keys pass on at once; not for an orphaned
 // Owner (its TTL decides) or when the node closes (Client.Close does it).
 func (o *Owner) closeInBackground(err error, ss []*Session) {
-	if o.c.stopped() || errors.Is(err, o.c.cfg.Errors.Closed) || o.Orphaned() {
+	if o.c.stopped() || errors.Is(err, lockerr.Closed) || o.Orphaned() {
 		return
 	}
 	for _, s := range ss {
@@ -333,7 +334,7 @@ func (s *Session) CheckDeadline() {
 		return
 	}
 	s.mu.Unlock()
-	s.Lose(fmt.Errorf("%w: keepalives on shard %d not acknowledged within the session TTL of %v", s.c.cfg.Errors.LeaseExpired, s.shard, s.owner.ttl))
+	s.Lose(fmt.Errorf("%w: keepalives on shard %d not acknowledged within the session TTL of %v", lockerr.LeaseExpired, s.shard, s.owner.ttl))
 }
 
 // Lose ends the session on this side because it was lost, once, which
@@ -366,7 +367,7 @@ func (s *Session) loseLocally(err error) bool {
 		h.claim(err)
 	}
 	level := s.c.cfg.Log.Warn
-	if errors.Is(err, s.c.cfg.Errors.SessionClosed) || errors.Is(err, s.c.cfg.Errors.Closed) {
+	if errors.Is(err, lockerr.SessionClosed) || errors.Is(err, lockerr.Closed) {
 		level = s.c.cfg.Log.Debug
 	}
 	level("session ended", "shard", s.shard, "session", s.id, "locks", len(held), "err", err)
@@ -387,7 +388,7 @@ func (s *Session) closeOnCluster(ctx context.Context) error {
 		if err == nil || ctx.Err() != nil || s.c.stopped() {
 			return err
 		}
-		if !errors.Is(err, s.c.cfg.Errors.Unavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, lockerr.Unavailable) && !errors.Is(err, context.DeadlineExceeded) {
 			s.c.cfg.Log.Warn("session close failed", "shard", s.shard, "session", s.id, "err", err)
 			return err
 		}

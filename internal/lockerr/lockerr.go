@@ -14,6 +14,10 @@ import (
 
 // Sentinel errors; node.ErrClosed and the others are these values.
 var (
+	Locked        = errors.New("lockmesh: key is locked")
+	LeaseExpired  = errors.New("lockmesh: lease expired")
+	NotHeld       = errors.New("lockmesh: lock not held")
+	SessionClosed = errors.New("lockmesh: session closed")
 	Closed        = errors.New("lockmesh: node closed")
 	Unavailable   = errors.New("lockmesh: shard unavailable")
 	ReplicaHalted = errors.New("lockmesh: replica halted")
