@@ -7,6 +7,7 @@ import (
 
 	"github.com/lni/dragonboat/v4/raftio"
 
+	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/lease"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -29,7 +30,7 @@ type leaseTable struct {
 
 func (t *leaseTable) init(cfg Config, hooks testHooks) {
 	t.Table = lease.New(lease.Options{
-		ElectionTimeout:   10 * cfg.RTT, // ElectionRTT of every replica (startReplica)
+		ElectionTimeout:   cluster.ElectionRTT * cfg.RTT, // every replica's election timeout
 		UnsafeExpireAfter: hooks.unsafeExpireAfter,
 	})
 	t.kick = make(chan struct{}, 1)

@@ -13,7 +13,7 @@ import (
 )
 
 // maxBodySize caps every RPC body and placement record this package decodes.
-const maxBodySize = 4 << 20
+const maxBodySize = msgcheck.MaxBody
 
 // RPC methods on lockmesh's transport.
 const (

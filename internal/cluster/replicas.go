@@ -20,7 +20,7 @@ import (
 
 // ElectionRTT is every replica's election timeout in RTTs. The leader-side
 // lease rules (node/leases.go) count a new leader's grace in election
-// timeouts of this length: change both together.
+// timeouts of this length, read from here.
 const ElectionRTT = 10
 
 // removeDataTimeout bounds the deletion of a removed replica's data.

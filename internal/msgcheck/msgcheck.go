@@ -10,6 +10,10 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
+// MaxBody caps every RPC body and placement record lockmesh decodes from
+// a peer or the disk.
+const MaxBody = 4 << 20
+
 // Unmarshal decodes b, untrusted bytes of at most limit, into v: it
 // refuses a larger b and checks b's Shape before msgpack sees it.
 func Unmarshal(b []byte, v any, limit int) error {

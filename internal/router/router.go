@@ -30,9 +30,6 @@ import (
 	"github.com/lockmesh/lockmesh/transport"
 )
 
-// maxBodySize caps the answers from peers the router decodes.
-const maxBodySize = 4 << 20
-
 // Caller sends one request to a peer's RPC address and returns the
 // answer; *transport.Client is one.
 type Caller interface {
@@ -367,7 +364,7 @@ func (r *Router) propose(ctx context.Context, shard uint64, data []byte) ([]lock
 		return nil, err
 	}
 	var resp ProposeResponse
-	if err := msgcheck.Unmarshal(raw, &resp, maxBodySize); err != nil {
+	if err := msgcheck.Unmarshal(raw, &resp, msgcheck.MaxBody); err != nil {
 		return nil, fmt.Errorf("propose answer from shard %d: %w", shard, err)
 	}
 	if resp.Leader != "" {
