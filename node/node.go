@@ -63,11 +63,9 @@ type Node struct {
 	router *router.Router // batching, forwarding, retries, the leader cache
 
 	// client is the client side of sessions: the live Sessions, the
-	// default session of each shard (Node.Lock), their leases and the
-	// keepalive loop.
+	// default session of each shard (Node.Lock), their leases, the
+	// keepalive loop and the waiters grants are handed to.
 	client *client.Client
-
-	waiters *client.Waiters // queued lock attempts, woken by their grants
 
 	leases  leaseTable
 	notifyQ chan notifyJob
@@ -97,7 +95,6 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		log:     cfg.Logger.With("peer", cfg.Name),
 		stop:    make(chan struct{}),
 		ready:   make(chan struct{}),
-		waiters: client.NewWaiters(),
 		notifyQ: make(chan notifyJob, 4096),
 	}
 	n.client = newClient(n)

@@ -38,7 +38,7 @@ func (n *Node) onApplyGrants(shard uint64, grants []lockfsm.Grant) {
 	for _, g := range grants {
 		switch {
 		case g.Owner == n.cfg.Name:
-			n.waiters.Wake(client.WaiterKey{Shard: shard, Session: g.Session, Req: g.Req}, g.Token)
+			n.client.Waiters().Wake(client.WaiterKey{Shard: shard, Session: g.Session, Req: g.Req}, g.Token)
 		case leader && (p == nil || !p.Hosts(shard, g.Owner)):
 			select {
 			case n.notifyQ <- notifyJob{owner: g.Owner, shard: shard, grant: g}:
@@ -55,7 +55,7 @@ func (n *Node) onApplyGrants(shard uint64, grants []lockfsm.Grant) {
 func (n *Node) onNotice(req notifyReq) {
 	for _, g := range req.Grants {
 		if g.Owner == n.cfg.Name {
-			n.waiters.Wake(client.WaiterKey{Shard: req.Shard, Session: g.Session, Req: g.Req}, client.Verify)
+			n.client.Waiters().Wake(client.WaiterKey{Shard: req.Shard, Session: g.Session, Req: g.Req}, client.Verify)
 		}
 	}
 }

@@ -41,7 +41,7 @@ func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the waiter never queued")
 		}
-		for _, k := range waiterNode.waiters.Keys() {
+		for _, k := range waiterNode.client.Waiters().Keys() {
 			if k.Shard == shard {
 				w = k
 			}

@@ -140,7 +140,6 @@ func newClient(n *Node) *client.Client {
 		KeepAlive:   n.keepAliveShard,
 		Go:          func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
 		Stop:        n.stop,
-		Waiters:     n.waiters,
 	})
 }
 

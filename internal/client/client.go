@@ -47,7 +47,7 @@ func (SystemClock) Now() time.Time { return time.Now() }
 func (SystemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 // Config is what node gives a Client. Every field is required except
-// Waiters, RoundClock and Log.
+// RoundClock and Log.
 type Config struct {
 	// Name is this peer's name, the owner of its sessions on the cluster.
 	Name string
@@ -85,8 +85,6 @@ type Config struct {
 	Go func(f func(ctx context.Context))
 	// Stop is closed when the node stops.
 	Stop <-chan struct{}
-	// Waiters is where grants reach queued attempts; nil means a new one.
-	Waiters *Waiters
 }
 
 // Client is the client side of one peer: its Owners (node's Sessions),
@@ -112,11 +110,8 @@ func New(cfg Config) *Client {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Waiters == nil {
-		cfg.Waiters = NewWaiters()
-	}
 	return &Client{
-		cfg: cfg, waiters: cfg.Waiters, kick: make(chan struct{}, 1),
+		cfg: cfg, waiters: NewWaiters(), kick: make(chan struct{}, 1),
 		owners: map[*Owner]struct{}{}, defaults: map[uint64]*Owner{},
 	}
 }
