@@ -264,6 +264,10 @@ func (sc *serverConn) run() {
 			log.Warn("transport: TLS handshake failed", "peer", sc.remote, "err", err)
 			return
 		}
+		st := tc.ConnectionState()
+		sc.ctx = ContextWithPeer(sc.ctx, peerOf(sc.remote, &st))
+	} else {
+		sc.ctx = ContextWithPeer(sc.ctx, peerOf(sc.remote, nil))
 	}
 
 	s.wg.Add(1)
