@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -155,10 +156,13 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 			return nil, errors.New("abort: bad cluster id")
 		}
 		n.bootMu.Lock()
+		defer n.bootMu.Unlock()
 		if n.promise != nil && n.promise.ClusterID == binary.BigEndian.Uint64(body) {
-			n.promise = nil
+			if err := n.authorizeBootstrap(ctx, n.promise, "abort"); err != nil {
+				return nil, err
+			}
+			n.promise, n.promiseRaw = nil, nil
 		}
-		n.bootMu.Unlock()
 		return nil, nil
 	}
 	p, err := layout.Decode(body)
@@ -167,6 +171,10 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 	}
 	if self, ok := p.Peer(n.cfg.Name); !ok || self.NodeHostID != n.nh.ID() {
 		return nil, rpcError(codeRejected, "plan does not list peer %s with NodeHostID %s", n.cfg.Name, n.nh.ID())
+	}
+	what := map[uint8]string{methodPrepare: "prepare", methodCommit: "commit"}[method]
+	if err := n.authorizeBootstrap(ctx, p, what); err != nil {
+		return nil, err
 	}
 	if method == methodPrepare {
 		n.bootMu.Lock()
@@ -177,13 +185,33 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 		if n.promise != nil && n.promise.ClusterID != p.ClusterID && n.now().Before(n.promDue) {
 			return nil, rpcError(codeRejected, "peer %s promised another plan", n.cfg.Name)
 		}
-		n.promise, n.promDue = p, n.now().Add(promiseTTL)
+		n.promise, n.promiseRaw, n.promDue = p, body, n.now().Add(promiseTTL)
 		return nil, nil
 	}
 	if method == methodCommit {
+		// Only the plan this peer promised: anyone else's commit, or one
+		// sent to a joiner that promised nothing, would write a foreign
+		// cluster into the data dir.
+		n.bootMu.Lock()
+		promised := n.promiseRaw
+		n.bootMu.Unlock()
+		if cur := n.placement.Load(); cur == nil && !n.authzOff() {
+			if err := authz.BootstrapCommit(promised, body); err != nil {
+				return nil, n.refused(err)
+			}
+		}
 		return nil, n.commitPlan(p)
 	}
 	return nil, fmt.Errorf("unknown bootstrap method %d", method)
+}
+
+// authorizeBootstrap applies authz.BootstrapCall: with identity, a
+// bootstrap call comes from a founder plan lists.
+func (n *Node) authorizeBootstrap(ctx context.Context, plan *layout.Placement, what string) error {
+	if n.authzOff() {
+		return nil
+	}
+	return n.refused(authz.BootstrapCall(callerOf(ctx), plan, what))
 }
 
 // commitPlan adopts p unless this peer already has a layout.
@@ -196,7 +224,7 @@ func (n *Node) commitPlan(p *layout.Placement) error {
 		}
 		return nil
 	}
-	n.promise = nil
+	n.promise, n.promiseRaw = nil, nil
 	if err := n.adopt(p); err != nil {
 		var ie *layout.IdentityError
 		if errors.As(err, &ie) {

@@ -46,4 +46,8 @@ type testHooks struct {
 	// abandoned lock attempt fail without being proposed, as one that
 	// cannot commit in time does.
 	dropCancels func() bool
+	// unsafeNoAuthz switches off the authorization of requests from the
+	// network (internal/authz): the broken variant the hostile-peer
+	// suite must catch.
+	unsafeNoAuthz bool
 }

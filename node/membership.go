@@ -7,6 +7,7 @@ import (
 
 	"github.com/lni/dragonboat/v4"
 
+	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/layout"
 )
 
@@ -54,6 +55,11 @@ func (n *Node) callPeerWith(ctx context.Context, name string, method uint8, req 
 
 // serveMembership answers the controller's and leaving peers' requests.
 func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) ([]byte, error) {
+	if p := n.placement.Load(); p != nil && !n.authzOff() && (method == methodConfigChange || method == methodTransferLeader) {
+		if err := authz.MetaMember(callerOf(ctx), p.HostNames(metaShardID), "membership change"); err != nil {
+			return nil, n.refused(err)
+		}
+	}
 	switch method {
 	case methodStatus:
 		st := statusResp{Replicas: n.replicas.Running(), Leaders: map[uint64]uint64{}, Level: n.topLevel()}
@@ -145,9 +151,29 @@ func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) (
 		if err != nil {
 			return nil, err
 		}
+		if err := n.authorizeLayout(ctx, q); err != nil {
+			return nil, err
+		}
 		return nil, n.proposePlacement(ctx, q)
 	}
 	return nil, fmt.Errorf("unknown membership method %d", method)
+}
+
+// authorizeLayout applies authz.LayoutChange to q, a layout a caller asks
+// this meta host to write, against the layout the meta shard holds now
+// (this peer's copy when the meta replica cannot answer).
+func (n *Node) authorizeLayout(ctx context.Context, q *layout.Placement) error {
+	c := callerOf(ctx)
+	if c.Anonymous() || n.authzOff() {
+		return nil
+	}
+	cur, err := n.readLocalPlacement(ctx)
+	if err != nil {
+		if cur = n.placement.Load(); cur == nil {
+			return busyErr(metaShardID, err)
+		}
+	}
+	return n.refused(authz.LayoutChange(c, cur, q))
 }
 
 // localMembership reads shard's Raft membership through this peer's

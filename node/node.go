@@ -51,7 +51,9 @@ type Node struct {
 
 	bootMu  sync.Mutex
 	promise *layout.Placement // bootstrap plan this peer agreed to, not yet committed
-	promDue time.Time
+	// promiseRaw is promise as it was sent: a commit must be this plan.
+	promiseRaw []byte
+	promDue    time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
 	refusal atomic.Pointer[layout.IdentityError]

@@ -6,6 +6,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
 	"github.com/lockmesh/lockmesh/internal/router"
@@ -41,6 +42,7 @@ const (
 	codeNoCluster    = lockerr.CodeNoCluster
 	codeClosed       = lockerr.CodeClosed
 	codeIncompatible = lockerr.CodeIncompatible
+	codeForbidden    = lockerr.CodeForbidden
 )
 
 // checkSender refuses a request from a peer whose newest feature level,
@@ -103,6 +105,16 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 	if n.isClosed() {
 		return nil, rpcError(codeClosed, "peer %s is closing", n.cfg.Name)
 	}
+	caller := callerOf(ctx)
+	switch method {
+	case methodPrepare, methodCommit, methodAbort:
+		// Founders that may not be members of anything yet: the plan
+		// says who may call (serveBootstrap).
+		return n.serveBootstrap(ctx, method, body)
+	}
+	if err := n.checkKnown(caller); err != nil {
+		return nil, err
+	}
 	switch method {
 	case methodPropose:
 		var req router.ProposeRequest
@@ -131,6 +143,11 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
+		if !n.authzOff() {
+			if err := authz.KeepAlive(caller, req.Sessions, n.shardSessions(req.Shard)); err != nil {
+				return nil, n.refused(err)
+			}
+		}
 		resp, err := n.serveKeepAlive(ctx, req)
 		if err != nil {
 			return nil, err
@@ -141,9 +158,14 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
+		if p := n.placement.Load(); p != nil && !n.authzOff() {
+			if err := authz.ShardHost(caller, req.Shard, p.HostNames(req.Shard), "grant notice"); err != nil {
+				return nil, n.refused(err)
+			}
+		}
 		n.onNotice(req)
 		return nil, nil
-	case methodPrepare, methodCommit, methodAbort, methodGetPlacement:
+	case methodGetPlacement:
 		return n.serveBootstrap(ctx, method, body)
 	case methodStatus, methodConfigChange, methodTransferLeader, methodCaughtUp, methodSetPlacement, methodMembership:
 		return n.serveMembership(ctx, method, body)

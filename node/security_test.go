@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
@@ -353,9 +354,15 @@ func TestSecurityRPCTLS(t *testing.T) {
 		}
 	}
 
-	raw, err := call(ca.Issue("operator"))
+	// A certificate of the cluster's CA is not membership: one for a name
+	// no member has is refused by the handler (finding 4 of the security
+	// review: it used to read the layout and release others' locks).
+	if _, err := call(ca.Issue("operator")); lockerr.Code(err) != lockerr.CodeForbidden {
+		t.Fatalf("client with a certificate of the cluster's CA for a non-member: %v, want forbidden", err)
+	}
+	raw, err := call(ca.Issue(peers[1].cfg.Name))
 	if err != nil {
-		t.Fatalf("client with a certificate from the cluster's CA: %v", err)
+		t.Fatalf("client with a member's certificate: %v", err)
 	}
 	got, err := layout.Decode(raw)
 	if err != nil {

@@ -33,6 +33,7 @@ const (
 	CodeNoCluster                        // this peer is not part of a cluster yet
 	CodeClosed                           // the peer is shutting down
 	CodeIncompatible                     // the caller does not speak the cluster's feature level
+	CodeForbidden                        // the caller may not do this (internal/authz)
 )
 
 // RPC builds a transport error the caller can classify by code.

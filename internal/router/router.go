@@ -59,6 +59,10 @@ type Host interface {
 	// Level is the newest feature level this peer speaks; forwarded
 	// proposals carry it, and hosts refuse callers below the cluster's.
 	Level() uint8
+	// Authorize decides whether the caller of a forwarded proposal (ctx
+	// carries it, see transport.PeerFromContext) may propose cmds on
+	// shard; ServePropose refuses the whole proposal with its error.
+	Authorize(ctx context.Context, shard uint64, cmds []lockfsm.Command) error
 }
 
 // Config is what the router is told at start.
@@ -291,6 +295,9 @@ func (r *Router) ServePropose(ctx context.Context, req ProposeRequest) ([]byte, 
 	}
 	cmds, err := lockfsm.DecodeCommands(req.Cmds)
 	if err != nil {
+		return nil, err
+	}
+	if err := r.host.Authorize(ctx, req.Shard, cmds); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.ProposalTimeout())

@@ -44,6 +44,14 @@ func (h *fakeHost) Addr(name string) (string, bool) {
 }
 func (h *fakeHost) CommandFormat() byte { return lockfsm.FormatTagged }
 func (h *fakeHost) Level() uint8        { return 2 }
+func (h *fakeHost) Authorize(_ context.Context, _ uint64, cmds []lockfsm.Command) error {
+	for _, c := range cmds {
+		if c.Op == lockfsm.OpLeaderTerm {
+			return errors.New("refused by the host")
+		}
+	}
+	return nil
+}
 func (h *fakeHost) LocalLeader(uint64) (uint64, bool) {
 	return h.leader, h.leader != 0
 }
@@ -378,6 +386,19 @@ func TestServePropose(t *testing.T) {
 	}
 	if _, err := r.ServePropose(context.Background(), ProposeRequest{Shard: shard, Cmds: []byte{0xff}}); err == nil {
 		t.Fatal("ServePropose of garbage succeeded")
+	}
+	// The host decides what a caller may propose, before anything is
+	// proposed: a refused command takes the whole proposal with it.
+	proposed := len(h.batchSizes())
+	refused, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{acquire(3), {Op: lockfsm.OpLeaderTerm, Term: 1 << 62}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ServePropose(context.Background(), ProposeRequest{Shard: shard, Cmds: refused, Level: 2}); err == nil || Retryable(err) {
+		t.Fatalf("ServePropose of a command the host refuses = %v, want its refusal, not retryable", err)
+	}
+	if got := len(h.batchSizes()); got != proposed {
+		t.Fatalf("a refused proposal was proposed: %d batches, want %d", got, proposed)
 	}
 }
 
