@@ -2,14 +2,19 @@ package node
 
 import (
 	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/lni/vfs"
+
+	"github.com/lockmesh/lockmesh/transport"
 )
 
 // Defaults used where a Config field is zero.
@@ -234,8 +239,12 @@ func (c Config) validate(raftInMemory bool) error {
 		return bad("DataDir is required")
 	}
 	for _, a := range c.addrs() {
-		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+		host, _, err := net.SplitHostPort(a.addr)
+		if err != nil {
 			return bad("%s %q is not host:port: %v", a.field, a.addr, err)
+		}
+		if host != "" && net.ParseIP(host) == nil {
+			return bad("%s %q: the host must be an IP address (127.0.0.1, not localhost): a name would be resolved by the system resolver when the peer listens, and again by every peer that dials it", a.field, a.addr)
 		}
 	}
 	if _, port, _ := net.SplitHostPort(c.RaftAddr); port == "0" {
@@ -296,6 +305,14 @@ func (c Config) validate(raftInMemory bool) error {
 	}
 	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
 		return bad("GossipKey is %d bytes; it must be 16, 24 or 32", n)
+	}
+	if len(c.GossipKey) > 0 && allZero(c.GossipKey) {
+		return bad("GossipKey is all zero bytes: use 16, 24 or 32 random bytes")
+	}
+	if c.TLS != nil {
+		if err := checkTLS(c.TLS, c.Name); err != nil {
+			return bad("TLS: %v", err)
+		}
 	}
 	if c.RaftTLS.enabled() {
 		for _, f := range []struct{ field, path string }{
@@ -358,4 +375,47 @@ func joinAnd(names []string) string {
 		return strings.Join(names, "")
 	}
 	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+}
+
+func allZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// checkTLS refuses a TLS config that would serve or trust a peer without
+// verifying its certificate, or whose own certificate does not name this
+// peer: a caller's identity is its verified certificate's names, and a
+// peer's Name must be among its own (docs/SECURITY.md).
+func checkTLS(t *tls.Config, name string) error {
+	switch {
+	case t.InsecureSkipVerify:
+		return errors.New("InsecureSkipVerify is set: peers' certificates would not be verified")
+	case t.ClientAuth != tls.RequireAndVerifyClientCert:
+		return fmt.Errorf("ClientAuth is %v; it must be tls.RequireAndVerifyClientCert, or callers without a verified certificate are served", t.ClientAuth)
+	case t.ClientCAs == nil:
+		return errors.New("ClientCAs is not set: it must hold the CA that issues the peers' certificates")
+	case t.RootCAs == nil:
+		return errors.New("RootCAs is not set: it must hold the CA that issues the peers' certificates (not the system's roots)")
+	case len(t.Certificates) == 0:
+		return errors.New("Certificates is empty: the peer needs its own certificate, naming it")
+	}
+	leaf := t.Certificates[0].Leaf
+	if leaf == nil {
+		if len(t.Certificates[0].Certificate) == 0 {
+			return errors.New("Certificates[0] holds no certificate")
+		}
+		var err error
+		if leaf, err = x509.ParseCertificate(t.Certificates[0].Certificate[0]); err != nil {
+			return fmt.Errorf("Certificates[0]: %v", err)
+		}
+	}
+	names := transport.CertNames(leaf)
+	if !slices.Contains(names, name) {
+		return fmt.Errorf("the certificate names %q, not this peer's Name %q: peers are known by the Name their certificate carries (as its CommonName or a DNS SAN)", names, name)
+	}
+	return nil
 }

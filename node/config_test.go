@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -73,11 +75,18 @@ func TestConfigValidateExposed(t *testing.T) {
 		}
 	}
 	key := make([]byte, 32)
+	key[0] = 1
+	ca := transporttest.NewCA(t)
 	base := func(gossip, raft, rpc string) Config {
 		return Config{Name: "p1", DataDir: dir, GossipAddr: gossip, RaftAddr: raft, RPCAddr: rpc, BootstrapExpect: 3}
 	}
 	secure := func(c Config) Config {
-		c.GossipKey, c.RaftTLS, c.TLS = key, raftTLS, &tls.Config{}
+		c.GossipKey, c.RaftTLS, c.TLS = key, raftTLS, ca.Issue("p1")
+		return c
+	}
+	withTLS := func(adjust func(*tls.Config)) Config {
+		c := secure(base("10.0.0.5:7946", "10.0.0.5:7947", "10.0.0.5:7948"))
+		adjust(c.TLS)
 		return c
 	}
 	cases := []struct {
@@ -86,7 +95,22 @@ func TestConfigValidateExposed(t *testing.T) {
 		want string // "" means valid
 	}{
 		{"loopback", base("127.0.0.1:0", "127.0.0.1:7000", "127.0.0.1:0"), ""},
-		{"loopback v6 and localhost", base("[::1]:0", "localhost:7000", "[::1]:0"), ""},
+		{"loopback v6", base("[::1]:0", "127.0.0.1:7000", "[::1]:0"), ""},
+		{"localhost by name", base("[::1]:0", "localhost:7000", "[::1]:0"), "RaftAddr \"localhost:7000\": the host must be an IP address"},
+		{"a host name", base("peer-1.example:7946", "127.0.0.1:7000", "127.0.0.1:0"), "GossipAddr \"peer-1.example:7946\": the host must be an IP address"},
+		{"all-zero gossip key", func() Config {
+			c := secure(base("10.0.0.5:7946", "10.0.0.5:7947", "10.0.0.5:7948"))
+			c.GossipKey = make([]byte, 16)
+			return c
+		}(), "GossipKey is all zero bytes"},
+		{"TLS that does not ask for client certificates", withTLS(func(t *tls.Config) { t.ClientAuth = tls.NoClientCert }), "ClientAuth is NoClientCert; it must be tls.RequireAndVerifyClientCert"},
+		{"TLS that does not verify client certificates", withTLS(func(t *tls.Config) { t.ClientAuth = tls.RequireAnyClientCert }), "it must be tls.RequireAndVerifyClientCert"},
+		{"TLS that skips verification", withTLS(func(t *tls.Config) { t.InsecureSkipVerify = true }), "InsecureSkipVerify is set"},
+		{"TLS without ClientCAs", withTLS(func(t *tls.Config) { t.ClientCAs = nil }), "ClientCAs is not set"},
+		{"TLS without RootCAs", withTLS(func(t *tls.Config) { t.RootCAs = nil }), "RootCAs is not set"},
+		{"empty TLS config", withTLS(func(t *tls.Config) { *t = tls.Config{} }), "it must be tls.RequireAndVerifyClientCert"},
+		{"TLS without a certificate", withTLS(func(t *tls.Config) { t.Certificates = nil }), "Certificates is empty"},
+		{"TLS certificate for another name", withTLS(func(t *tls.Config) { t.Certificates = ca.Issue("p2").Certificates }), `the certificate names ["p2" "localhost"], not this peer's Name "p1"`},
 		{"rpc on a LAN", base("127.0.0.1:0", "127.0.0.1:7000", "10.0.0.5:7000"),
 			"RPCAddr 10.0.0.5:7000 is not loopback: set GossipKey, RaftTLS and TLS, or set Insecure to run without them"},
 		{"gossip on every interface", base("0.0.0.0:7946", "127.0.0.1:7000", "127.0.0.1:0"), "GossipAddr 0.0.0.0:7946 is not loopback"},

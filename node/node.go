@@ -119,8 +119,11 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 
 func (n *Node) open(ctx context.Context) error {
 	cfg := n.cfg
-	if err := cfg.FS.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	if err := cfg.FS.MkdirAll(cfg.DataDir, dataDirMode); err != nil {
 		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	if err := n.restrictDataDir(); err != nil {
+		return err
 	}
 	var err error
 	tcfg := transport.Config{Logger: n.log.With("component", "transport"), TLS: cfg.TLS, Dial: n.hooks.rpcDial}
@@ -495,9 +498,6 @@ func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false
-	}
-	if host == "localhost" {
-		return true
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/lni/vfs"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
@@ -131,6 +132,11 @@ func (n *Node) writeDurably(name string, raw []byte) error {
 	}
 	if err := f.Close(); err != nil {
 		return err
+	}
+	if fs == vfs.Default {
+		if err := os.Chmod(tmp, dataFileMode); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
 	}
 	if err := fs.Rename(tmp, path); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
