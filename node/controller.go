@@ -2,12 +2,17 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/mesh"
+	"github.com/lockmesh/lockmesh/transport"
 )
 
 // newController builds the layout controller (internal/cluster), acting
@@ -94,4 +99,50 @@ func (n *Node) peerStatus(ctx context.Context, name string) (statusResp, error) 
 func (n *Node) caughtUp(ctx context.Context, peer string, shard uint64) error {
 	_, err := n.callPeerWith(ctx, peer, methodCaughtUp, shardReq{Shard: shard})
 	return err
+}
+
+// Vouch proves that the gossip member m is who it says (see
+// cluster.Host): with TLS, the peer answering at m's RPC address must
+// present a certificate of the cluster's CA that names m.Name. Without
+// TLS there is nothing to prove it with beyond the gossip key, which
+// memberlist already checked.
+func (h controllerHost) Vouch(ctx context.Context, m mesh.Member) error {
+	n := h.n
+	if n.cfg.TLS == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
+	defer cancel()
+	addr := m.Meta.RPCAddr
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("RPC address %q: %w", addr, err)
+	}
+	var conn net.Conn
+	if n.hooks.rpcDial != nil {
+		conn, err = n.hooks.rpcDial(ctx, addr)
+	} else {
+		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	}
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", addr, err)
+	}
+	defer conn.Close()
+	cfg := n.cfg.TLS.Clone()
+	if cfg.ServerName == "" {
+		cfg.ServerName = host
+	}
+	cfg.VerifyConnection = func(st tls.ConnectionState) error {
+		if len(st.PeerCertificates) == 0 {
+			return errors.New("no certificate")
+		}
+		if names := transport.CertNames(st.PeerCertificates[0]); !slices.Contains(names, m.Name) {
+			return fmt.Errorf("the certificate at %s names %q, not %q", addr, names, m.Name)
+		}
+		return nil
+	}
+	if err := tls.Client(conn, cfg).HandshakeContext(ctx); err != nil {
+		return fmt.Errorf("TLS handshake with %s at %s: %w", m.Name, addr, err)
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/throttle"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -50,6 +51,14 @@ type Host interface {
 	// TransferLeader asks the named peer to hand shard's leadership to
 	// replica target.
 	TransferLeader(ctx context.Context, peer string, shard, target uint64) error
+	// Vouch proves, over the authenticated channel, that the gossip
+	// member m is who it says: with TLS, that the peer answering at its
+	// RPC address holds a certificate of the cluster's CA naming m.Name.
+	// Gossip alone proves nothing about that (without a key anyone can
+	// announce anything; with one, every key holder can). A member that
+	// cannot vouch is never admitted, so never given replicas it could
+	// not run.
+	Vouch(ctx context.Context, m mesh.Member) error
 	// Backoff sleeps a jittered interval that grows with attempt; it
 	// returns an error when ctx ends or the peer closes first.
 	Backoff(ctx context.Context, attempt int) error
@@ -139,6 +148,8 @@ type Controller struct {
 	lastTransfer time.Time // leadership moves are spaced out by transferGap
 	lastSweep    time.Time // the last comparison of layout and Raft membership
 	turn         int       // rotates the choice among leadership moves
+
+	refusals throttle.Warner // peers refused admission, logged at most every 10 s
 }
 
 // NewController returns a controller acting through host. It does nothing
@@ -158,6 +169,9 @@ func NewController(host Host, cfg ControllerConfig) *Controller {
 		deadSince:   map[string]time.Time{},
 		newIdentity: map[string]string{},
 		moving:      map[uint64]bool{},
+		// A peer that cannot vouch is refused on every step: say so now
+		// and then, not every Interval.
+		refusals: throttle.Warner{Every: 10 * time.Second},
 	}
 }
 
@@ -221,7 +235,7 @@ func (c *Controller) step(loop context.Context) error {
 	}
 
 	// 1. Admit new peers.
-	if q, ok := c.admit(p, members); ok {
+	if q, ok := c.admit(ctx, p, members); ok {
 		return c.host.ProposePlacement(ctx, q)
 	}
 
@@ -285,7 +299,7 @@ func (c *Controller) step(loop context.Context) error {
 // admit returns layout p with the first of members (alive, with the
 // identity p lists, by name) that p does not list yet and that may join
 // the cluster added as a peer; false if there is none.
-func (c *Controller) admit(p *layout.Placement, members map[string]mesh.Member) (*layout.Placement, bool) {
+func (c *Controller) admit(ctx context.Context, p *layout.Placement, members map[string]mesh.Member) (*layout.Placement, bool) {
 	names := make([]string, 0, len(members))
 	for name := range members {
 		names = append(names, name)
@@ -301,6 +315,10 @@ func (c *Controller) admit(p *layout.Placement, members map[string]mesh.Member) 
 			// levels would even skip what it cannot read).
 			c.log.Warn("not admitting a peer that does not speak the cluster's feature level", "peer", name,
 				"speaks", fmt.Sprintf("%d to %d", m.Meta.MinVersion, m.Meta.Version), "level", LevelOf(p))
+			continue
+		}
+		if err := c.host.Vouch(ctx, m); err != nil {
+			c.refusals.Warn(c.log, "not admitting a peer that does not prove its identity over the authenticated channel", "peer", name, "err", err)
 			continue
 		}
 		q := p.Next()

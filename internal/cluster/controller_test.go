@@ -26,9 +26,19 @@ type fakeHost struct {
 	refuseIDs map[uint64]bool     // ids a membership add is refused for
 	changes   []MembershipChange
 	transfers []string // "peer shard->target"
+	impostors map[string]bool // members that cannot vouch for their identity
 }
 
 func (h *fakeHost) LeadsMeta() bool { return true }
+
+func (h *fakeHost) Vouch(_ context.Context, m mesh.Member) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.impostors[m.Name] {
+		return errors.New("certificate does not name " + m.Name)
+	}
+	return nil
+}
 
 func (h *fakeHost) ReadPlacement(context.Context) (*layout.Placement, error) {
 	h.mu.Lock()
@@ -254,9 +264,11 @@ func TestStepAdmitsAPeerOnlyIfItMayJoin(t *testing.T) {
 		{"another cluster", func() mesh.Member { m := alive("d", "id-d", 2); m.Meta.Cluster = 99; return m }(), false},
 		{"does not speak the level", func() mesh.Member { m := alive("d", "id-d", 3); m.Meta.MinVersion = 3; return m }(), false},
 		{"listed name, other NodeHost", alive("c", "id-wiped", 2), false},
+		{"cannot vouch for its identity", alive("impostor", "id-i", 2), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := threePeers()
+			h.impostors = map[string]bool{"impostor": true}
 			h.members = append(h.members[:2], c.m)
 			if c.m.Name != "c" {
 				h.members = append(h.members, alive("c", "id-c", 1))
@@ -264,7 +276,10 @@ func TestStepAdmitsAPeerOnlyIfItMayJoin(t *testing.T) {
 			before := h.placement()
 			_ = newTestController(h).step(ctx)
 			after := h.placement()
-			_, listed := after.Peer("d")
+			_, listed := after.Peer(c.m.Name)
+			if c.m.Name == "c" {
+				_, listed = after.Peer("d")
+			}
 			if listed != c.admits {
 				t.Fatalf("admitted = %v, want %v", listed, c.admits)
 			}

@@ -1,0 +1,336 @@
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/router"
+	"github.com/lockmesh/lockmesh/lockfsm"
+	"github.com/lockmesh/lockmesh/transport"
+	"github.com/lockmesh/lockmesh/transport/transporttest"
+)
+
+// The hostile-peer suite: attackers of each strength call a peer's RPC
+// port directly, with crafted requests, and every attack of the security
+// review that needs no more than the port is tried. Each must be refused
+// where it is accepted, the victim must keep its lock (Done open, token
+// unchanged), and the cluster must go on granting. The Raft and gossip
+// ports have suites of their own (internal/raftnet, mesh).
+//
+// Attackers:
+//   - a stranger: a certificate of the cluster's CA for a name that is no
+//     member (TLS cluster);
+//   - a compromised member: peer-2's own certificate, acting on peer-1's
+//     sessions (TLS cluster); what it can still do is docs/SECURITY.md's
+//     documented limit;
+//   - a local process on a plaintext loopback cluster: anonymous, so only
+//     the rules that need no identity protect against it.
+
+// attacker calls peers' RPC ports as one caller.
+type attacker struct {
+	t    testing.TB
+	name string
+	c    *transport.Client
+}
+
+func newAttacker(t testing.TB, name string, cfg *tls.Config) *attacker {
+	c, err := transport.NewClient(transport.Config{TLS: cfg, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &attacker{t: t, name: name, c: c}
+}
+
+func (a *attacker) call(p *testPeer, method uint8, body []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return a.c.Call(ctx, p.node.rpc.Addr(), method, body)
+}
+
+// propose forwards cmds to p as a proposal on shard, the way a peer
+// without a replica does, and returns the transport's answer.
+func (a *attacker) propose(p *testPeer, shard uint64, cmds ...lockfsm.Command) error {
+	a.t.Helper()
+	raw, err := lockfsm.EncodeCommandsFormat(commandFormat(p.node.clusterLevel()), cmds)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	body, err := encodeBody(router.ProposeRequest{Shard: shard, Cmds: raw, Level: p.node.topLevel()})
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	_, err = a.call(p, methodPropose, body)
+	return err
+}
+
+// recordedTerm is the leader term p's replica of shard has recorded: an
+// ExpireSession carrying it is one the state machine would apply.
+func recordedTerm(t testing.TB, p *testPeer, shard uint64) uint64 {
+	t.Helper()
+	a, err := p.node.readLocal(ctxT(t, 5*time.Second), shard, lockQuery{Kind: querySessions})
+	if err != nil {
+		t.Fatalf("%s: read shard %d: %v", p.cfg.Name, shard, err)
+	}
+	return a.Term
+}
+
+// refused fails the test unless err is an authorization refusal.
+func refused(t testing.TB, what string, err error) {
+	t.Helper()
+	if lockerr.Code(err) != lockerr.CodeForbidden {
+		t.Errorf("%s: %v, want it refused as forbidden", what, err)
+	}
+}
+
+// victimScene is a lock held by peer-1 with a waiter on peer-3, the state
+// a forged release or expiry would turn into two holders.
+type victimScene struct {
+	peers  []*testPeer
+	key    string
+	shard  uint64
+	lock   *Lock
+	holder lockfsm.Holder
+	waiter chan *Lock // gets the waiter's lock when it is granted
+}
+
+func newVictimScene(t *testing.T, peers []*testPeer, key string) *victimScene {
+	s := &victimScene{peers: peers, key: key, waiter: make(chan *Lock, 1)}
+	s.shard = peers[0].node.placement.Load().ShardOf(key)
+	var err error
+	if s.lock, err = peers[0].node.Lock(ctxT(t, 10*time.Second), key); err != nil {
+		t.Fatal(err)
+	}
+	info, err := peers[0].node.Inspect(ctxT(t, 5*time.Second), key)
+	if err != nil || len(info.Holders) != 1 {
+		t.Fatalf("inspect %q: %+v, %v", key, info, err)
+	}
+	h := info.Holders[0]
+	s.holder = lockfsm.Holder{Session: h.Session, Req: h.Request, Token: h.Token, Owner: h.Peer}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		if l, err := peers[2].node.Lock(ctx, key); err == nil {
+			s.waiter <- l
+		}
+	}()
+	return s
+}
+
+// hosts lists the peers that host the scene's shard.
+func (s *victimScene) hosts() []*testPeer {
+	var out []*testPeer
+	for _, p := range s.peers {
+		if p.node.hostsShard(s.shard) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// violation describes what the attacks did to the victim, or "".
+func (s *victimScene) violation(t *testing.T) string {
+	select {
+	case l := <-s.waiter:
+		select {
+		case <-s.lock.Done():
+			return fmt.Sprintf("the waiter was granted token %d and the victim's lock ended (%v) without its holder letting go", l.Token(), s.lock.Err())
+		default:
+			return fmt.Sprintf("two holders: the waiter was granted token %d while the victim's Done is open (token %d)", l.Token(), s.lock.Token())
+		}
+	default:
+	}
+	select {
+	case <-s.lock.Done():
+		return fmt.Sprintf("the victim's lock ended: %v", s.lock.Err())
+	default:
+	}
+	info, err := s.peers[0].node.Inspect(ctxT(t, 5*time.Second), s.key)
+	if err != nil {
+		return fmt.Sprintf("inspect after the attacks: %v", err)
+	}
+	if len(info.Holders) != 1 || info.Holders[0].Token != s.holder.Token {
+		return fmt.Sprintf("holders after the attacks: %+v, want token %d alone", info.Holders, s.holder.Token)
+	}
+	return ""
+}
+
+// finish checks the cluster still hands the key over: the victim unlocks
+// and the waiter gets a newer token.
+func (s *victimScene) finish(t *testing.T) {
+	if err := s.lock.Unlock(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatalf("victim unlock: %v", err)
+	}
+	select {
+	case l := <-s.waiter:
+		if l.Token() <= s.holder.Token {
+			t.Fatalf("waiter got token %d after %d", l.Token(), s.holder.Token)
+		}
+		l.Release()
+	case <-time.After(20 * time.Second):
+		t.Fatal("waiter not granted 20 s after the victim unlocked: the cluster stopped granting")
+	}
+}
+
+// sessionAttacks forges, as a, every session command against the scene's
+// victim on each host, and returns the answers by attack.
+func (s *victimScene) sessionAttacks(a *attacker) map[string]error {
+	v := s.holder
+	out := map[string]error{}
+	for _, h := range s.hosts() {
+		at := func(what string) string { return fmt.Sprintf("%s via %s", what, h.cfg.Name) }
+		out[at("forged Release")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpRelease, Session: v.Session, Target: v.Req})
+		out[at("forged Cancel")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: v.Session, Target: v.Req})
+		out[at("forged CloseSession")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpCloseSession, Session: v.Session})
+		out[at("ExpireSession")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: v.Session, Term: recordedTerm(a.t, h, s.shard)})
+		out[at("LeaderTerm 2^62")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 1 << 62})
+		out[at("OpenSession with TTL 2^50 ms")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: a.name, TTLMillis: 1 << 50})
+		body, _ := encodeBody(keepAliveReq{Shard: s.shard, Sessions: []uint64{v.Session}})
+		_, out[at("forged keepalive")] = a.call(h, methodKeepAlive, body)
+	}
+	return out
+}
+
+func tlsCluster(t *testing.T, ca *transporttest.CA, hook func(*testHooks)) []*testPeer {
+	return startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, ttl: 2 * time.Second,
+		mutate: func(c *Config) { c.TLS = ca.Issue(c.Name) }, hook: hook})
+}
+
+// A stranger with a certificate of the cluster's CA, and a compromised
+// member acting on another member's session, are refused every session
+// command, every leader-only command and every layout and membership
+// change; the victim keeps its lock and the cluster goes on granting.
+func TestHostileCertificateHolders(t *testing.T) {
+	ca := transporttest.NewCA(t)
+	peers := tlsCluster(t, ca, nil)
+	s := newVictimScene(t, peers, "hostile/cert")
+	p := peers[0].node.placement.Load()
+
+	for _, a := range []*attacker{
+		newAttacker(t, "mallory", ca.Issue("mallory")),
+		newAttacker(t, "peer-2", ca.Issue("peer-2")),
+	} {
+		for what, err := range s.sessionAttacks(a) {
+			refused(t, a.name+": "+what, err)
+		}
+		// The forged layout that made two peers delete every replica.
+		shrunk := p.Next()
+		shrunk.Peers = shrunk.Peers[:1]
+		raw, err := layout.Encode(shrunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range peers {
+			if !h.node.hostsShard(metaShardID) {
+				continue
+			}
+			if a.name == "peer-2" && p.Hosts(metaShardID, "peer-2") {
+				continue // a meta host may write the layout: the documented limit
+			}
+			_, err := a.call(h, methodSetPlacement, raw)
+			refused(t, a.name+": SetPlacement of a one-peer layout via "+h.cfg.Name, err)
+			body, _ := encodeBody(configChangeReq{Shard: s.shard, Add: false, Replica: 1})
+			if !p.Hosts(metaShardID, a.name) {
+				_, err = a.call(h, methodConfigChange, body)
+				refused(t, a.name+": ConfigChange via "+h.cfg.Name, err)
+				body, _ = encodeBody(transferReq{Shard: s.shard, Target: 1})
+				_, err = a.call(h, methodTransferLeader, body)
+				refused(t, a.name+": TransferLeader via "+h.cfg.Name, err)
+			}
+		}
+	}
+	// A stranger reads nothing either.
+	mallory := newAttacker(t, "mallory", ca.Issue("mallory"))
+	body, _ := encodeBody(readReq{Shard: s.shard, Query: lockQuery{Kind: queryKey, Key: s.key}, Level: peers[0].node.topLevel()})
+	_, err := mallory.call(s.hosts()[0], methodRead, body)
+	refused(t, "mallory: read of the victim's key", err)
+	_, err = mallory.call(peers[0], methodGetPlacement, nil)
+	refused(t, "mallory: read of the layout", err)
+
+	if v := s.violation(t); v != "" {
+		t.Fatal(v)
+	}
+	if q := peers[0].node.placement.Load(); len(q.Peers) != 3 {
+		t.Fatalf("the layout lists %d peers after the attacks, want 3", len(q.Peers))
+	}
+	s.finish(t)
+}
+
+// On a plaintext loopback cluster every local process is trusted with
+// what needs an identity to refuse (docs/SECURITY.md), but not with what
+// needs none: leader-only commands and over-long sessions are refused.
+func TestHostileLocalProcess(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, ttl: 2 * time.Second})
+	s := newVictimScene(t, peers, "hostile/local")
+	a := newAttacker(t, "local", nil)
+	for _, h := range s.hosts() {
+		refused(t, "LeaderTerm 2^62 via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 1 << 62}))
+		refused(t, "ExpireSession via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.holder.Session, Term: recordedTerm(a.t, h, s.shard)}))
+		refused(t, "OpenSession with TTL 2^50 ms via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "local", TTLMillis: 1 << 50}))
+	}
+	if v := s.violation(t); v != "" {
+		t.Fatal(v)
+	}
+	s.finish(t)
+}
+
+// A joiner promised no bootstrap plan, so a commit sent to it is refused
+// and nothing is written into its data dir (it used to adopt any commit).
+func TestHostileBootstrapCommitToJoiner(t *testing.T) {
+	joiner := &testPeer{cfg: testConfig(t, "joiner", clusterOpts{shards: 2, rf: 1, ttl: time.Second})}
+	joiner.cfg.BootstrapExpect = 0
+	joiner.cfg.Join = []string{"127.0.0.1:1"} // nobody: it waits to be admitted
+	joiner.start(t)
+	t.Cleanup(joiner.stop)
+
+	plan := layout.New(42, 2, 1, layout.KeySchemeHashTag, []layout.Peer{{Name: "joiner", NodeHostID: joiner.node.nh.ID()}})
+	raw, err := layout.Encode(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAttacker(t, "local", nil)
+	_, err = a.call(joiner, methodCommit, raw)
+	refused(t, "bootstrap commit to a joiner", err)
+	if p := joiner.node.placement.Load(); p != nil {
+		t.Fatalf("the joiner adopted cluster %d", p.ClusterID)
+	}
+	var cid [8]byte
+	binary.BigEndian.PutUint64(cid[:], 42)
+	if _, err := a.call(joiner, methodAbort, cid[:]); err != nil {
+		t.Fatalf("abort of a plan it never promised: %v", err)
+	}
+}
+
+// The broken variant: with authorization switched off, the same forged
+// release by a stranger's certificate grants the waiter while the
+// victim's Done stays open. The suite sees it, so it can fail.
+func TestHostileBrokenVariantIsCaught(t *testing.T) {
+	ca := transporttest.NewCA(t)
+	peers := tlsCluster(t, ca, func(h *testHooks) { h.unsafeNoAuthz = true })
+	s := newVictimScene(t, peers, "hostile/broken")
+	a := newAttacker(t, "mallory", ca.Issue("mallory"))
+	if err := a.propose(s.hosts()[0], s.shard, lockfsm.Command{Op: lockfsm.OpRelease, Session: s.holder.Session, Target: s.holder.Req}); err != nil {
+		t.Fatalf("forged release with authorization off: %v", err)
+	}
+	select {
+	case l := <-s.waiter:
+		select {
+		case <-s.lock.Done():
+			t.Fatalf("the waiter got token %d, but the victim was told (%v): not the silent double holder of the review", l.Token(), s.lock.Err())
+		default:
+		}
+		if v := s.violation(t); v == "" {
+			t.Fatal("the suite's check saw nothing wrong with two holders")
+		} else {
+			t.Logf("caught: two holders, the victim (token %d, Done open) and the waiter (token %d); the check says: %s", s.lock.Token(), l.Token(), v)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the forged release granted nobody in 20 s: the broken variant shows nothing")
+	}
+}
