@@ -25,7 +25,7 @@ type fakeHost struct {
 	removed   map[uint64][]uint64 // shard -> ids Raft removed
 	refuseIDs map[uint64]bool     // ids a membership add is refused for
 	changes   []MembershipChange
-	transfers []string // "peer shard->target"
+	transfers []string        // "peer shard->target"
 	impostors map[string]bool // members that cannot vouch for their identity
 }
 
