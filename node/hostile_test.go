@@ -5,6 +5,9 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
+	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
@@ -333,4 +337,60 @@ func TestHostileBrokenVariantIsCaught(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the forged release granted nobody in 20 s: the broken variant shows nothing")
 	}
+}
+
+// warnings returns the messages of the warnings recorded so far.
+func (r logRecorder) warnings() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, rec := range *r.records {
+		if rec.Level >= slog.LevelWarn {
+			out = append(out, rec.Message)
+		}
+	}
+	return out
+}
+
+// A peer that holds the gossip key but a certificate of another CA joins
+// gossip, yet is never admitted: the controller asks it to prove its
+// name over TLS first (finding 8: it was made a voter of shards it could
+// never run, and one crash then stopped them).
+func TestHostileForeignCertificateNotAdmitted(t *testing.T) {
+	ca, other := transporttest.NewCA(t), transporttest.NewCA(t)
+	key := randomKey(t, 32)
+	rec := newLogRecorder()
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, mutate: func(c *Config) {
+		c.GossipKey, c.TLS, c.Logger = key, ca.Issue(c.Name), slog.New(rec)
+	}})
+	lockAndUnlock(t, peers[0].node, "admit/a")
+
+	impostor := &testPeer{cfg: joinerConfig(t, "impostor", peers)}
+	impostor.cfg.GossipKey, impostor.cfg.TLS = key, other.Issue("impostor")
+	impostor.start(t)
+	t.Cleanup(impostor.stop)
+	pollUntil(t, 20*time.Second, "the impostor seen in gossip", func() bool {
+		m, ok := peers[0].node.mesh.Member("impostor")
+		return ok && m.State == mesh.StateAlive
+	})
+	pollUntil(t, 20*time.Second, "the controller refusing the impostor", func() bool {
+		return slices.ContainsFunc(rec.warnings(), func(m string) bool {
+			return strings.Contains(m, "not admitting a peer that does not prove its identity")
+		})
+	})
+	for _, p := range peers {
+		if _, ok := p.node.placement.Load().Peer("impostor"); ok {
+			t.Fatalf("%s's layout lists the impostor", p.cfg.Name)
+		}
+	}
+
+	// The positive control: a joiner with the cluster's CA is admitted.
+	joiner := &testPeer{cfg: joinerConfig(t, "joiner", peers)}
+	joiner.cfg.GossipKey, joiner.cfg.TLS = key, ca.Issue("joiner")
+	joiner.start(t)
+	t.Cleanup(joiner.stop)
+	pollUntil(t, 20*time.Second, "the joiner admitted", func() bool {
+		_, ok := peers[0].node.placement.Load().Peer("joiner")
+		return ok
+	})
 }
