@@ -364,3 +364,63 @@ func TestIdleConnectionFlood(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// heapInuse is the heap in use after a collection.
+func heapInuse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// A peer that pipelines small requests with large answers and never reads
+// them holds at most MaxResponseBytes of answers (and the one being
+// written) on the server, not one answer per request: the server stops
+// reading its requests instead. Once the peer reads, every request is
+// answered.
+func TestUnreadResponsesBounded(t *testing.T) {
+	const n, answerSize = 256, 4 << 20
+	answer := make([]byte, answerSize-64) // shared: the copies queued are what is measured
+	var handled atomic.Int32
+	s := listen(t, transport.Config{IdleTimeout: time.Minute}, func(context.Context, uint8, []byte) ([]byte, error) {
+		handled.Add(1)
+		return answer, nil
+	})
+	before := heapInuse()
+
+	conn := rawConns(t, s.Addr(), "127.0.0.1", 1)[0]
+	var reqs []byte
+	for i := range n {
+		reqs = append(reqs, encode(t, transport.Frame{Kind: transport.KindRequest, ID: uint64(i + 1), Method: 1, Payload: []byte("read")})...)
+	}
+	if _, err := conn.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+	// Watch the server's heap for a second while the peer does not read.
+	// The window is not a synchronisation: the bound must hold all through
+	// it, and without the budget every request is answered into memory
+	// within a tenth of it.
+	var peak uint64
+	for start := time.Now(); time.Since(start) < time.Second; time.Sleep(20 * time.Millisecond) {
+		peak = max(peak, heapInuse())
+	}
+	grew := int64(peak) - int64(before)
+	t.Logf("%d pipelined requests (%d bytes) with %d MiB answers, none read: %d handled, server heap %+.1f MiB",
+		n, len(reqs), answerSize>>20, handled.Load(), float64(grew)/(1<<20))
+	if limit := int64(64 << 20); grew > limit {
+		t.Errorf("server heap grew %d MiB while the peer did not read, want < %d MiB", grew>>20, limit>>20)
+	}
+
+	// The peer reads now: all n are answered on the same connection.
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReaderSize(conn, 64<<10)
+	for i := range n {
+		f, err := transport.ReadFrame(br, transport.DefaultMaxFrameSize)
+		if err != nil {
+			t.Fatalf("answer %d of %d: %v", i+1, n, err)
+		}
+		if f.Kind != transport.KindResponse || len(f.Payload) != len(answer) {
+			t.Fatalf("answer %d: kind %d, %d bytes (code %d %q)", i+1, f.Kind, len(f.Payload), f.Code, f.Message)
+		}
+	}
+}
