@@ -258,7 +258,7 @@ func (cc *clientConn) run() {
 	cc.client.wg.Add(1)
 	go func() {
 		defer cc.client.wg.Done()
-		if err := writeLoop(conn, cc.queue, cc.done, 0); err != nil {
+		if err := writeLoop(conn, cc.queue, cc.done, 0, nil); err != nil {
 			cc.fail(cc.unavailable(err))
 		}
 	}()

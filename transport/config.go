@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -41,6 +42,9 @@ const (
 	DefaultMaxConns = 1024
 	// DefaultMaxConnsPerIP caps the connections from one remote address.
 	DefaultMaxConnsPerIP = 128
+	// DefaultMaxPendingBytes caps the request and response bytes one
+	// server connection holds: two of the largest frames.
+	DefaultMaxPendingBytes = 8 << 20
 )
 
 // Config configures a Server or a Client. The zero value is valid: plaintext
@@ -67,6 +71,16 @@ type Config struct {
 	// 0 means DefaultMaxConcurrentRequests.
 	MaxConcurrentRequests int
 
+	// MaxPendingBytes caps the bytes a server connection holds for its
+	// peer: the bodies of its requests whose handlers run, and its
+	// responses from when their handler returns until they are written to
+	// the socket. While they reach it the connection reads no more
+	// requests, and a handler that returns waits, its response not yet
+	// copied, until writes make room; a peer that reads nothing for
+	// IdleTimeout is disconnected. One frame larger than the budget
+	// passes alone. 0 means DefaultMaxPendingBytes.
+	MaxPendingBytes int
+
 	// HandshakeTimeout bounds how long a new server connection may take to
 	// complete its TLS handshake (also bounded by DialTimeout) and its
 	// first frame; one that has not sent a whole frame by then is closed.
@@ -90,9 +104,27 @@ type Config struct {
 	MaxConns int
 
 	// MaxConnsPerIP caps the connections a Server holds from one remote IP
-	// address, so that one host cannot take all of MaxConns. 0 means
-	// DefaultMaxConnsPerIP.
+	// address, so that one host cannot take all of MaxConns. Known peers'
+	// connections are not counted. 0 means DefaultMaxConnsPerIP.
 	MaxConnsPerIP int
+
+	// Known, when non-nil, tells a known peer's connection from a
+	// stranger's, so that strangers cannot fill MaxConns: they hold at
+	// most MaxConns-ReservedConns, while a known peer is admitted as long
+	// as fewer than MaxConns are open. nil makes everyone a stranger with
+	// all of MaxConns to share. The Server calls it with a nil state from
+	// its accept loop for every new connection (it must not block, and
+	// may answer by remote's IP); with TLS, it calls it again from the
+	// connection's goroutine with the verified handshake state, and that
+	// answer decides (a stranger whose address passed is then closed if
+	// the strangers' share is full). It must be safe for concurrent use.
+	// node supplies one that knows its peers' addresses and certificate
+	// names.
+	Known func(remote net.Addr, state *tls.ConnectionState) bool
+
+	// ReservedConns is the part of MaxConns strangers cannot take when
+	// Known is set (it has no effect without). 0 means MaxConns/4.
+	ReservedConns int
 
 	// Dial, when non-nil, replaces the TCP dialer: tests use it to put a
 	// fault-injecting network under the Client. TLS, when set, is layered
@@ -114,6 +146,8 @@ func DefaultConfig() Config {
 		IdleTimeout:           DefaultIdleTimeout,
 		MaxConns:              DefaultMaxConns,
 		MaxConnsPerIP:         DefaultMaxConnsPerIP,
+		MaxPendingBytes:       DefaultMaxPendingBytes,
+		ReservedConns:         DefaultMaxConns / 4,
 	}
 }
 
@@ -148,10 +182,15 @@ func (c Config) Validate() error {
 	}{
 		{"MaxConns", c.MaxConns, DefaultMaxConns},
 		{"MaxConnsPerIP", c.MaxConnsPerIP, DefaultMaxConnsPerIP},
+		{"MaxPendingBytes", c.MaxPendingBytes, DefaultMaxPendingBytes},
+		{"ReservedConns", c.ReservedConns, cmp.Or(c.MaxConns, DefaultMaxConns) / 4},
 	} {
 		if n.v < 0 {
 			errs = append(errs, fmt.Errorf("transport: %s %d is negative; use 0 for the default of %d", n.field, n.v, n.def))
 		}
+	}
+	if maxConns := cmp.Or(c.MaxConns, DefaultMaxConns); c.ReservedConns > maxConns {
+		errs = append(errs, fmt.Errorf("transport: ReservedConns %d is more than MaxConns %d; use at most MaxConns", c.ReservedConns, maxConns))
 	}
 	return errors.Join(errs...)
 }
@@ -178,6 +217,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxConnsPerIP == 0 {
 		c.MaxConnsPerIP = DefaultMaxConnsPerIP
+	}
+	if c.MaxPendingBytes == 0 {
+		c.MaxPendingBytes = DefaultMaxPendingBytes
+	}
+	if c.ReservedConns == 0 {
+		c.ReservedConns = c.MaxConns / 4
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -25,8 +26,10 @@ const (
 // burst has between half of timeout and all of it. It returns nil
 // when done is closed and the write error otherwise; it never closes conn
 // itself. The buffer is allocated with the first frame, so a connection
-// that never gets one (a client that sends nothing) costs none.
-func writeLoop(conn net.Conn, queue <-chan *[]byte, done <-chan struct{}, timeout time.Duration) error {
+// that never gets one (a client that sends nothing) costs none. With
+// written set, it is told the length of each frame once the frame has left
+// its buffer (copied into the bufio.Writer or written through it).
+func writeLoop(conn net.Conn, queue <-chan *[]byte, done <-chan struct{}, timeout time.Duration, written func(n int)) error {
 	var bw *bufio.Writer
 	var deadline time.Time
 	for {
@@ -42,13 +45,13 @@ func writeLoop(conn net.Conn, queue <-chan *[]byte, done <-chan struct{}, timeou
 				conn.SetWriteDeadline(deadline)
 			}
 			_, err := bw.Write(*b)
-			putBuf(b)
+			sent(b, written)
 		drain:
 			for err == nil {
 				select {
 				case b := <-queue:
 					_, err = bw.Write(*b)
-					putBuf(b)
+					sent(b, written)
 				default:
 					break drain
 				}
@@ -63,6 +66,92 @@ func writeLoop(conn net.Conn, queue <-chan *[]byte, done <-chan struct{}, timeou
 			return nil
 		}
 	}
+}
+
+// sent recycles b, a frame writeLoop is done with, and tells written.
+func sent(b *[]byte, written func(n int)) {
+	if written != nil {
+		written(len(*b))
+	}
+	putBuf(b)
+}
+
+// byteBudget counts the bytes a server connection holds for its peer, for
+// Config.MaxPendingBytes: bodies of requests whose handlers run, and
+// responses from when their handler returns until they are written.
+// Responses that wait for room count as waiting, not as used: their bytes
+// are still the handler's slice, not copied.
+type byteBudget struct {
+	limit int64
+
+	mu      sync.Mutex
+	used    int64         // bytes charged
+	waiting int64         // bytes of responses waiting to be charged
+	freed   chan struct{} // closed, and replaced, when bytes are released
+}
+
+func newByteBudget(limit int) *byteBudget {
+	return &byteBudget{limit: int64(limit), freed: make(chan struct{})}
+}
+
+// charge charges n bytes at once, whatever is left.
+func (b *byteBudget) charge(n int) {
+	b.mu.Lock()
+	b.used += int64(n)
+	b.mu.Unlock()
+}
+
+// release returns n charged bytes and wakes whoever waits for room.
+func (b *byteBudget) release(n int) {
+	b.mu.Lock()
+	b.used -= int64(n)
+	close(b.freed)
+	b.freed = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// acquire charges n bytes once they fit (or once nothing else is charged,
+// for n over the limit), counting them as waiting meanwhile. It returns
+// false, charging nothing, if done is closed first.
+func (b *byteBudget) acquire(n int, done <-chan struct{}) bool {
+	b.mu.Lock()
+	b.waiting += int64(n)
+	defer b.mu.Unlock()
+	for b.used > 0 && b.used+int64(n) > b.limit {
+		freed := b.freed
+		b.mu.Unlock()
+		select {
+		case <-freed:
+			b.mu.Lock()
+		case <-done:
+			b.mu.Lock()
+			b.waiting -= int64(n)
+			return false
+		}
+	}
+	b.waiting -= int64(n)
+	b.used += int64(n)
+	return true
+}
+
+// waitRoom waits until the bytes charged and waiting are under the limit,
+// so that a connection reads no more requests while its peer leaves its
+// responses unread. It returns false if done is closed first.
+func (b *byteBudget) waitRoom(done <-chan struct{}) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.used+b.waiting >= b.limit {
+		freed := b.freed
+		b.mu.Unlock()
+		select {
+		case <-freed:
+			b.mu.Lock()
+		case <-done:
+			b.mu.Lock()
+			return false
+		}
+	}
+	return true
 }
 
 // isProtocolError tells a misbehaving peer (worth an error log) from a

@@ -54,4 +54,10 @@
 // Client closes a pooled connection that has had no call for
 // IdleTimeout/2, before the server would, and redials on the next call, so
 // idle closes never fail a call when both ends use the same IdleTimeout.
+//
+// With Config.Known set, strangers share only MaxConns-ReservedConns
+// (ReservedConns defaults to MaxConns/4), so that they cannot keep known
+// peers out. A connection holds at most MaxPendingBytes (8 MiB) of
+// request bodies being handled and responses not yet written, plus one
+// frame; at that it reads no more requests until its peer reads.
 package transport

@@ -3,9 +3,11 @@ package transport_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/transport"
+	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
 
 // dialFrom returns a Config.Dial that connects from the loopback address
@@ -362,5 +365,161 @@ func TestIdleConnectionFlood(t *testing.T) {
 			t.Fatalf("server still holds %d flood connections %v after they were opened", openSockets(t)-fdsBefore-2, 3*transport.DefaultHandshakeTimeout)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// heapInuse is the heap in use after a collection.
+func heapInuse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// A peer that pipelines small requests with large answers and never reads
+// them holds at most MaxResponseBytes of answers (and the one being
+// written) on the server, not one answer per request: the server stops
+// reading its requests instead. Once the peer reads, every request is
+// answered.
+func TestUnreadResponsesBounded(t *testing.T) {
+	const n, answerSize = 256, 4 << 20
+	answer := make([]byte, answerSize-64) // shared: the copies queued are what is measured
+	var handled atomic.Int32
+	s := listen(t, transport.Config{IdleTimeout: time.Minute}, func(context.Context, uint8, []byte) ([]byte, error) {
+		handled.Add(1)
+		return answer, nil
+	})
+	before := heapInuse()
+
+	conn := rawConns(t, s.Addr(), "127.0.0.1", 1)[0]
+	var reqs []byte
+	for i := range n {
+		reqs = append(reqs, encode(t, transport.Frame{Kind: transport.KindRequest, ID: uint64(i + 1), Method: 1, Payload: []byte("read")})...)
+	}
+	if _, err := conn.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+	// Watch the server's heap for a second while the peer does not read.
+	// The window is not a synchronisation: the bound must hold all through
+	// it, and without the budget every request is answered into memory
+	// within a tenth of it.
+	var peak uint64
+	for start := time.Now(); time.Since(start) < time.Second; time.Sleep(20 * time.Millisecond) {
+		peak = max(peak, heapInuse())
+	}
+	grew := int64(peak) - int64(before)
+	t.Logf("%d pipelined requests (%d bytes) with %d MiB answers, none read: %d handled, server heap %+.1f MiB",
+		n, len(reqs), answerSize>>20, handled.Load(), float64(grew)/(1<<20))
+	if limit := int64(64 << 20); grew > limit {
+		t.Errorf("server heap grew %d MiB while the peer did not read, want < %d MiB", grew>>20, limit>>20)
+	}
+
+	// The peer reads now: all n are answered on the same connection.
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReaderSize(conn, 64<<10)
+	for i := range n {
+		f, err := transport.ReadFrame(br, transport.DefaultMaxFrameSize)
+		if err != nil {
+			t.Fatalf("answer %d of %d: %v", i+1, n, err)
+		}
+		if f.Kind != transport.KindResponse || len(f.Payload) != len(answer) {
+			t.Fatalf("answer %d: kind %d, %d bytes (code %d %q)", i+1, f.Kind, len(f.Payload), f.Code, f.Message)
+		}
+	}
+}
+
+// A peer that never reads its answers, with MaxPendingBytes of them held,
+// is disconnected after IdleTimeout (and logged) rather than held with
+// its requests parked for ever.
+func TestUnreadResponsesCloseAfterIdleTimeout(t *testing.T) {
+	const idle = 500 * time.Millisecond
+	var logs lockedBuffer
+	answer := make([]byte, 1<<20)
+	s := listen(t, transport.Config{IdleTimeout: idle, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		func(context.Context, uint8, []byte) ([]byte, error) { return answer, nil })
+	conn := rawConns(t, s.Addr(), "127.0.0.1", 1)[0]
+	var reqs []byte
+	for i := range 64 {
+		reqs = append(reqs, encode(t, transport.Frame{Kind: transport.KindRequest, ID: uint64(i + 1), Payload: []byte("x")})...)
+	}
+	if _, err := conn.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+	const want = "peer does not read its responses"
+	deadline := time.Now().Add(10 * idle)
+	for !strings.Contains(logs.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q logged %v after the requests:\n%s", want, 10*idle, logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// What was written before the close can still be read; then the
+	// connection ends.
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, conn); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection still open after the server gave up on it: %v", err)
+	}
+}
+
+// Strangers from several addresses fill their share of MaxConns (all of
+// it but ReservedConns) and are refused past it; a known peer still
+// connects and calls. Without TLS, Known answers by address.
+func TestReservedConnsForKnownPeers(t *testing.T) {
+	known := "127.0.0.9"
+	cfg := transport.Config{
+		MaxConns: 8, ReservedConns: 2, MaxConnsPerIP: 8, HandshakeTimeout: time.Minute,
+		Known: func(remote net.Addr, _ *tls.ConnectionState) bool {
+			return remote.(*net.TCPAddr).IP.String() == known
+		},
+	}
+	s := listen(t, cfg, echo)
+
+	var strangers []net.Conn
+	for _, ip := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"} {
+		strangers = append(strangers, rawConns(t, s.Addr(), ip, 2)...)
+	}
+	if closed := closedBy(strangers, time.Now().Add(time.Second)); count(closed) != 2 || !closed[6] || !closed[7] {
+		t.Fatalf("8 strangers with MaxConns 8 and ReservedConns 2: closed %v, want only the last 2", closed)
+	}
+	stranger := newClient(t, transport.Config{Dial: dialFrom("127.0.0.6", nil)})
+	if _, err := stranger.Call(ctxTimeout(t, 2*time.Second), s.Addr(), 1, nil); !errors.Is(err, transport.ErrUnavailable) {
+		t.Fatalf("a stranger's call with the strangers' share full = %v, want ErrUnavailable", err)
+	}
+	for i := range cfg.ReservedConns {
+		peer := newClient(t, transport.Config{Dial: dialFrom(known, nil)})
+		if _, err := peer.Call(ctxTimeout(t, 5*time.Second), s.Addr(), 1, nil); err != nil {
+			t.Fatalf("known peer's connection %d with the strangers' share full: %v", i+1, err)
+		}
+	}
+	// MaxConns still holds for known peers.
+	peer := newClient(t, transport.Config{Dial: dialFrom(known, nil)})
+	if _, err := peer.Call(ctxTimeout(t, 2*time.Second), s.Addr(), 1, nil); !errors.Is(err, transport.ErrUnavailable) {
+		t.Fatalf("known peer's call over MaxConns = %v, want ErrUnavailable", err)
+	}
+}
+
+// With TLS the verified certificate decides: strangers holding valid
+// certificates that Known does not list, dialing from addresses it lets
+// through to the handshake, are closed past their share once it is
+// done, and a listed peer still gets in.
+func TestReservedConnsByCertificate(t *testing.T) {
+	ca := transporttest.NewCA(t)
+	cfg := transport.Config{
+		TLS: ca.Issue("server"), MaxConns: 6, ReservedConns: 2, MaxConnsPerIP: 6,
+		Known: func(_ net.Addr, state *tls.ConnectionState) bool {
+			return state == nil || state.PeerCertificates[0].Subject.CommonName == "peer"
+		},
+	}
+	s := listen(t, cfg, echo)
+	for i := range 5 {
+		c := newClient(t, transport.Config{TLS: ca.Issue("stranger"), Dial: dialFrom(fmt.Sprintf("127.0.0.%d", 2+i), nil)})
+		_, err := c.Call(ctxTimeout(t, 5*time.Second), s.Addr(), 1, nil)
+		if ok := i < 4; ok != (err == nil) {
+			t.Fatalf("stranger %d of 5 with a share of 4: err %v", i+1, err)
+		}
+	}
+	peer := newClient(t, transport.Config{TLS: ca.Issue("peer"), Dial: dialFrom("127.0.0.9", nil)})
+	if _, err := peer.Call(ctxTimeout(t, 5*time.Second), s.Addr(), 1, nil); err != nil {
+		t.Fatalf("known peer with the strangers' share full: %v", err)
 	}
 }

@@ -36,10 +36,11 @@ type Server struct {
 	ctx    context.Context // cancelled by Close: every handler's ctx derives from it
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	conns  map[*serverConn]struct{}
-	perIP  map[string]int // open connections by remote IP
-	closed bool
+	mu        sync.Mutex
+	conns     map[*serverConn]struct{}
+	perIP     map[string]int // open strangers' connections by remote IP
+	strangers int            // open connections not from known peers
+	closed    bool
 
 	refusals throttle.Warner // warnings about connections over the limits
 
@@ -150,10 +151,16 @@ func (s *Server) acceptLoop() {
 			conn.Close()
 			return
 		}
-		if reason := s.overLimit(ip); reason != "" {
+		// Known is asked outside s.mu: it is the caller's code.
+		s.mu.Unlock()
+		known := s.cfg.Known != nil && s.cfg.Known(conn.RemoteAddr(), nil)
+		s.mu.Lock()
+		if reason := s.overLimit(ip, known); reason != "" || s.closed {
 			s.mu.Unlock()
 			conn.Close()
-			s.refusals.Warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", remote, "limit", reason)
+			if reason != "" {
+				s.refusals.Warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", remote, "known", known, "limit", reason)
+			}
 			continue
 		}
 		if s.cfg.TLS != nil {
@@ -170,9 +177,11 @@ func (s *Server) acceptLoop() {
 			queue:  make(chan *[]byte, queueLen),
 			slots:  make(chan struct{}, s.cfg.MaxConcurrentRequests),
 			start:  time.Now(),
+			budget: newByteBudget(s.cfg.MaxPendingBytes),
+			known:  known,
 		}
 		s.conns[sc] = struct{}{}
-		s.perIP[ip]++
+		s.count(sc, +1)
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go sc.run()
@@ -180,15 +189,73 @@ func (s *Server) acceptLoop() {
 }
 
 // overLimit names the limit a new connection from ip would exceed, or
-// returns "". s.mu must be held.
-func (s *Server) overLimit(ip string) string {
+// returns "". A known peer's connection is refused only over MaxConns; a
+// stranger's also over the strangers' share and MaxConnsPerIP. s.mu must
+// be held.
+func (s *Server) overLimit(ip string, known bool) string {
 	switch {
 	case len(s.conns) >= s.cfg.MaxConns:
 		return fmt.Sprintf("MaxConns %d", s.cfg.MaxConns)
+	case known:
+		return ""
+	case s.strangers >= s.strangerShare():
+		return fmt.Sprintf("MaxConns %d less ReservedConns %d for known peers", s.cfg.MaxConns, s.cfg.ReservedConns)
 	case s.perIP[ip] >= s.cfg.MaxConnsPerIP:
 		return fmt.Sprintf("MaxConnsPerIP %d", s.cfg.MaxConnsPerIP)
 	}
 	return ""
+}
+
+// strangerShare is how many connections strangers may hold: all of
+// MaxConns unless Known can tell peers from strangers.
+func (s *Server) strangerShare() int {
+	if s.cfg.Known == nil {
+		return s.cfg.MaxConns
+	}
+	return s.cfg.MaxConns - s.cfg.ReservedConns
+}
+
+// count adds d to the counts of connections of sc's class. s.mu must be
+// held.
+func (s *Server) count(sc *serverConn, d int) {
+	if sc.known {
+		return
+	}
+	s.strangers += d
+	if s.perIP[sc.ip] += d; s.perIP[sc.ip] <= 0 {
+		delete(s.perIP, sc.ip)
+	}
+}
+
+// classify files sc, whose TLS handshake is done, as a known peer's or a
+// stranger's by its verified certificate. It returns false, having logged
+// why, when sc is a stranger over the strangers' limits, which it may
+// have passed as a known peer's address.
+func (s *Server) classify(sc *serverConn, tc *tls.Conn) bool {
+	if s.cfg.Known == nil {
+		return true
+	}
+	state := tc.ConnectionState()
+	known := s.cfg.Known(tc.RemoteAddr(), &state)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if known == sc.known {
+		return true
+	}
+	s.count(sc, -1)
+	if !known {
+		delete(s.conns, sc) // not to count itself against MaxConns
+		reason := s.overLimit(sc.ip, false)
+		s.conns[sc] = struct{}{}
+		if reason != "" {
+			sc.known = true // as counted: run's exit uncounts it so
+			s.refusals.Warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", sc.remote, "known", false, "limit", reason)
+			return false
+		}
+	}
+	sc.known = known
+	s.count(sc, +1)
+	return true
 }
 
 // remoteIP is the address MaxConnsPerIP counts by: the IP of a TCP peer,
@@ -203,12 +270,18 @@ func remoteIP(addr net.Addr) string {
 	return addr.String()
 }
 
+// frameOverhead bounds what a frame takes beyond its payload and message:
+// the length prefix and the fixed fields.
+const frameOverhead = 32
+
 // serverConn is one accepted connection.
 type serverConn struct {
 	s      *Server
 	conn   net.Conn
 	remote string
 	ip     string          // the key of s.perIP
+	known  bool            // from a known peer (Config.Known); guarded by s.mu
+	budget *byteBudget     // Config.MaxPendingBytes
 	ctx    context.Context // cancelled when the connection closes
 	cancel context.CancelFunc
 	queue  chan *[]byte  // encoded responses for the writer
@@ -246,9 +319,7 @@ func (sc *serverConn) run() {
 		sc.conn.Close()
 		s.mu.Lock()
 		delete(s.conns, sc)
-		if s.perIP[sc.ip]--; s.perIP[sc.ip] <= 0 {
-			delete(s.perIP, sc.ip)
-		}
+		s.count(sc, -1)
 		s.mu.Unlock()
 		s.wg.Done()
 	}()
@@ -264,6 +335,9 @@ func (sc *serverConn) run() {
 			log.Warn("transport: TLS handshake failed", "peer", sc.remote, "err", err)
 			return
 		}
+		if !s.classify(sc, tc) {
+			return
+		}
 		st := tc.ConnectionState()
 		sc.ctx = ContextWithPeer(sc.ctx, peerOf(sc.remote, &st))
 	} else {
@@ -273,9 +347,9 @@ func (sc *serverConn) run() {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		if err := writeLoop(sc.conn, sc.queue, sc.ctx.Done(), s.cfg.IdleTimeout); err != nil {
+		if err := writeLoop(sc.conn, sc.queue, sc.ctx.Done(), s.cfg.IdleTimeout, sc.budget.release); err != nil {
 			if isTimeout(err) {
-				log.Warn("transport: closing connection: peer does not read its responses", "peer", sc.remote, "idle_timeout", s.cfg.IdleTimeout)
+				s.refusals.Warn(log, "transport: closing connection: peer does not read its responses", "peer", sc.remote, "idle_timeout", s.cfg.IdleTimeout)
 			}
 			sc.cancel()
 			sc.conn.Close() // unblocks the reader
@@ -284,6 +358,11 @@ func (sc *serverConn) run() {
 
 	br := bufio.NewReaderSize(sc.conn, readBufSize)
 	for first := true; ; first = false {
+		// Read no more requests while the peer leaves MaxPendingBytes
+		// of answers unread or of requests running.
+		if !sc.budget.waitRoom(sc.ctx.Done()) {
+			return
+		}
 		// Wait for the next frame to begin.
 		for {
 			_, err := br.Peek(1)
@@ -321,6 +400,7 @@ func (sc *serverConn) run() {
 		case <-sc.ctx.Done():
 			return
 		}
+		sc.budget.charge(len(f.Payload))
 		s.wg.Add(1)
 		go sc.handle(f)
 	}
@@ -350,6 +430,7 @@ func (sc *serverConn) handle(f Frame) {
 	}()
 	resp := Frame{Kind: KindResponse, ID: f.ID, Method: f.Method}
 	payload, err := sc.invoke(f)
+	sc.budget.release(len(f.Payload))
 	if err != nil {
 		resp.Code, resp.Message = CodeInternal, err.Error()
 		if e := (*Error)(nil); errors.As(err, &e) {
@@ -361,6 +442,12 @@ func (sc *serverConn) handle(f Frame) {
 	} else {
 		resp.Payload = payload
 	}
+	// The response is copied into a frame only once the budget has room
+	// for it; until then it is the handler's slice, held here.
+	charge := min(len(resp.Payload)+len(resp.Message), s.cfg.MaxFrameSize) + frameOverhead
+	if !sc.budget.acquire(charge, sc.ctx.Done()) {
+		return
+	}
 	buf := getBuf()
 	b, err := EncodeFrame((*buf)[:0], &resp, s.cfg.MaxFrameSize)
 	if err != nil {
@@ -370,6 +457,7 @@ func (sc *serverConn) handle(f Frame) {
 		b, _ = EncodeFrame((*buf)[:0], &resp, s.cfg.MaxFrameSize)
 	}
 	*buf = b
+	sc.budget.release(charge - len(b)) // writeLoop releases len(b)
 	select {
 	case sc.queue <- buf:
 		sc.touch()

@@ -361,6 +361,10 @@ func TestConfigValidate(t *testing.T) {
 		{IdleTimeout: -time.Second},
 		{MaxConns: -1},
 		{MaxConnsPerIP: -1},
+		{MaxPendingBytes: -1},
+		{ReservedConns: -1},
+		{MaxConns: 4, ReservedConns: 5},
+		{ReservedConns: transport.DefaultMaxConns + 1},
 	} {
 		if cfg.Validate() == nil {
 			t.Errorf("Validate(%+v) = nil, want an error", cfg)
