@@ -2,6 +2,9 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
+	"net"
+	"net/netip"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -107,4 +110,44 @@ func (s localSessions) Count(owner string) (total, owned int) {
 		return 0, 0
 	}
 	return c[0], c[1]
+}
+
+// knownConn is the RPC server's transport.Config.Known: a connection
+// from a known peer may use the connections reserved for peers, which
+// strangers cannot fill. With TLS the verified certificate decides (a
+// name the layout lists); before the handshake, and without TLS, the
+// remote IP (one a gossip member's RPC address had at the last look).
+func (n *Node) knownConn(remote net.Addr, st *tls.ConnectionState) bool {
+	if st != nil {
+		p := n.placement.Load()
+		if p == nil || len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
+			return false
+		}
+		for _, name := range transport.CertNames(st.PeerCertificates[0]) {
+			if _, ok := p.Peer(name); ok {
+				return true
+			}
+		}
+		return false
+	}
+	ips := n.knownIPs.Load()
+	if ips == nil {
+		return false
+	}
+	ta, ok := remote.(*net.TCPAddr)
+	return ok && (*ips)[ta.AddrPort().Addr().Unmap().String()]
+}
+
+// noteKnownIPs records the IPs of members' RPC addresses for knownConn.
+func (n *Node) noteKnownIPs(members []mesh.Member) {
+	ips := map[string]bool{}
+	for _, m := range members {
+		if m.State != mesh.StateAlive {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(m.Meta.RPCAddr); err == nil {
+			ips[ap.Addr().Unmap().String()] = true
+		}
+	}
+	n.knownIPs.Store(&ips)
 }

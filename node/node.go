@@ -53,6 +53,10 @@ type Node struct {
 	promise *layout.Placement // bootstrap plan this peer agreed to, not yet committed
 	// promiseRaw is promise as it was sent: a commit must be this plan.
 	promiseRaw []byte
+
+	// knownIPs are the IPs of the gossip members' RPC addresses, as
+	// knownPeersLoop last saw them (the RPC server's Known).
+	knownIPs atomic.Pointer[map[string]bool]
 	promDue    time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
@@ -127,7 +131,9 @@ func (n *Node) open(ctx context.Context) error {
 	}
 	var err error
 	tcfg := transport.Config{Logger: n.log.With("component", "transport"), TLS: cfg.TLS, Dial: n.hooks.rpcDial}
-	if n.rpc, err = transport.Listen(cfg.RPCAddr, tcfg, n.handle); err != nil {
+	scfg := tcfg
+	scfg.Known = n.knownConn
+	if n.rpc, err = transport.Listen(cfg.RPCAddr, scfg, n.handle); err != nil {
 		return fmt.Errorf("listen rpc %s: %w", cfg.RPCAddr, err)
 	}
 	if n.peers, err = transport.NewClient(tcfg); err != nil {

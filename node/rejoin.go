@@ -38,6 +38,7 @@ const knownPeersEvery = time.Second
 func (n *Node) knownPeersLoop() {
 	var saved []string
 	n.every(knownPeersEvery, func() {
+		n.noteKnownIPs(n.mesh.Members())
 		p := n.placement.Load()
 		if p == nil {
 			return
