@@ -142,18 +142,22 @@ func (m *Mesh) depart(mem Member) {
 		return
 	}
 	m.stopReservation(id)
-	var t *time.Timer
-	t = time.AfterFunc(m.cfg.ReclaimAfter, func() { m.endReservation(id, mem.Name, t) })
-	m.reserved[id] = t
+	r := &reservation{}
+	r.timer = time.AfterFunc(m.cfg.ReclaimAfter, func() { m.endReservation(id, mem.Name, r) })
+	m.reserved[id] = r
 }
+
+// reservation is a departed holder's claim on its NodeHostID; its timer
+// ends it.
+type reservation struct{ timer *time.Timer }
 
 // endReservation runs when the NodeHostID id of the departed holder name
 // has been reserved for ReclaimAfter: it passes to the member refused
 // longest ago for it, if any.
-func (m *Mesh) endReservation(id, name string, t *time.Timer) {
+func (m *Mesh) endReservation(id, name string, r *reservation) {
 	m.viewMu.Lock()
 	defer m.viewMu.Unlock()
-	if m.viewClosed || m.reserved[id] != t {
+	if m.viewClosed || m.reserved[id] != r {
 		return // the holder came back, or another reservation replaced this one
 	}
 	delete(m.reserved, id)
@@ -189,8 +193,8 @@ func (m *Mesh) promote(id, formerHolder string) {
 
 // stopReservation ends the reservation of id, if any. viewMu must be held.
 func (m *Mesh) stopReservation(id string) {
-	if t, ok := m.reserved[id]; ok {
-		t.Stop()
+	if r, ok := m.reserved[id]; ok {
+		r.timer.Stop()
 		delete(m.reserved, id)
 	}
 }

@@ -2,8 +2,12 @@ package mesh
 
 import (
 	"errors"
+	"log/slog"
+	"net"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // startIdentityMesh starts a loopback peer gossiping meta, with the given
@@ -149,4 +153,136 @@ func checkedResolve(t *testing.T, p *Mesh, id, refused, refusedAddr string) stri
 		t.Fatalf("%s resolves %s to %s, the address of %s, which it refuses", p.LocalName(), id, got, refused)
 	}
 	return got
+}
+
+// newViewMesh returns a Mesh with only its view, fed by observe as
+// memberlist's callbacks would feed it, for testing the NodeHostID rules
+// without a network.
+func newViewMesh(self string, reclaim time.Duration) *Mesh {
+	m := &Mesh{
+		cfg:      Config{Name: self, ReclaimAfter: reclaim},
+		log:      slog.New(slog.DiscardHandler),
+		view:     make(map[string]Member),
+		byHostID: make(map[string]string),
+		refused:  make(map[string]refusal),
+		reserved: make(map[string]*reservation),
+		leaving:  make(map[string]struct{}),
+	}
+	return m
+}
+
+// gossips returns the memberlist node name, gossiping NodeHostID id and
+// raft address raft.
+func gossips(t *testing.T, name, id, raft string) *memberlist.Node {
+	t.Helper()
+	meta := testMeta(name)
+	meta.NodeHostID, meta.RaftAddr = id, raft
+	b, err := EncodeMeta(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &memberlist.Node{Name: name, Addr: net.IPv4(127, 0, 0, 1), Port: 1, Meta: b}
+}
+
+// The NodeHostID rules of identity.go, one by one.
+func TestNodeHostIDRules(t *testing.T) {
+	lookup := func(m *Mesh, id string) string { addr, _ := m.lookupRaftAddr(id); return addr }
+	refusedBy := func(m *Mesh, name string) string { h, _ := conflicting(m, name); return h }
+
+	t.Run("first live holder keeps it", func(t *testing.T) {
+		m := newViewMesh("me", time.Hour)
+		defer m.closeView()
+		m.observe(gossips(t, "a", "X", "a:1"), false)
+		m.observe(gossips(t, "b", "X", "b:1"), false)
+		m.observe(gossips(t, "b", "X", "b:2"), false) // b updates: still refused
+		if got := lookup(m, "X"); got != "a:1" {
+			t.Fatalf("X resolves to %q, want a:1", got)
+		}
+		if h := refusedBy(m, "b"); h != "a" {
+			t.Fatalf("b refused for holder %q, want a", h)
+		}
+		if c := m.Conflicts(); c[0].Member.Meta.RaftAddr != "b:2" {
+			t.Fatalf("Conflicts shows b as %+v, want its update", c[0].Member)
+		}
+		if _, ok := m.Member("b"); ok {
+			t.Fatal("b is a member")
+		}
+		m.observe(gossips(t, "b", "X", "b:2"), true) // the refused member goes
+		if len(m.Conflicts()) != 0 {
+			t.Fatalf("Conflicts = %v after b went", m.Conflicts())
+		}
+	})
+	t.Run("holder updates apply", func(t *testing.T) {
+		m := newViewMesh("me", time.Hour)
+		defer m.closeView()
+		m.observe(gossips(t, "a", "X", "a:1"), false)
+		m.observe(gossips(t, "b", "X", "b:1"), false)
+		m.observe(gossips(t, "a", "X", "a:2"), false)
+		if got := lookup(m, "X"); got != "a:2" {
+			t.Fatalf("X resolves to %q, want a's new a:2", got)
+		}
+	})
+	t.Run("a holder back within ReclaimAfter keeps it", func(t *testing.T) {
+		m := newViewMesh("me", time.Hour)
+		defer m.closeView()
+		m.observe(gossips(t, "a", "X", "a:1"), false)
+		m.observe(gossips(t, "b", "X", "b:1"), false)
+		m.observe(gossips(t, "a", "X", "a:1"), true) // declared dead, maybe forged
+		if got := lookup(m, "X"); got != "" {
+			t.Fatalf("X resolves to %q while reserved for a, want nothing", got)
+		}
+		m.observe(gossips(t, "a", "X", "a:1"), false) // a refutes
+		if got := lookup(m, "X"); got != "a:1" || refusedBy(m, "b") != "a" {
+			t.Fatalf("X resolves to %q, b refused for %q; want a:1 and a", got, refusedBy(m, "b"))
+		}
+	})
+	t.Run("after ReclaimAfter the longest refused takes it", func(t *testing.T) {
+		m := newViewMesh("me", 20*time.Millisecond)
+		defer m.closeView()
+		m.observe(gossips(t, "a", "X", "a:1"), false)
+		m.observe(gossips(t, "c", "X", "c:1"), false)
+		m.observe(gossips(t, "b", "X", "b:1"), false)
+		m.observe(gossips(t, "a", "X", "a:1"), true)
+		waitFor(t, 5*time.Second, "c takes X", func() bool {
+			m.viewMu.RLock()
+			defer m.viewMu.RUnlock()
+			return m.byHostID["X"] == "c"
+		})
+		if got := lookup(m, "X"); got != "c:1" || refusedBy(m, "b") != "c" {
+			t.Fatalf("X resolves to %q, b refused for %q; want c:1 and c", got, refusedBy(m, "b"))
+		}
+	})
+	t.Run("a holder changing its NodeHostID gives it up at once", func(t *testing.T) {
+		m := newViewMesh("me", time.Hour)
+		defer m.closeView()
+		m.observe(gossips(t, "a", "X", "a:1"), false)
+		m.observe(gossips(t, "b", "X", "b:1"), false)
+		m.observe(gossips(t, "a", "Y", "a:1"), false)
+		if got := lookup(m, "X"); got != "b:1" {
+			t.Fatalf("X resolves to %q, want b:1", got)
+		}
+		if got := lookup(m, "Y"); got != "a:1" {
+			t.Fatalf("Y resolves to %q, want a:1", got)
+		}
+	})
+	t.Run("a member moving onto a held NodeHostID leaves the view", func(t *testing.T) {
+		m := newViewMesh("me", time.Hour)
+		defer m.closeView()
+		m.observe(gossips(t, "a", "X", "a:1"), false)
+		m.observe(gossips(t, "b", "Y", "b:1"), false)
+		m.observe(gossips(t, "b", "X", "b:1"), false)
+		if _, ok := m.Member("b"); ok || refusedBy(m, "b") != "a" || lookup(m, "Y") != "" {
+			t.Fatalf("b still a member or not refused, or Y still resolves: %v %q", m.Conflicts(), lookup(m, "Y"))
+		}
+	})
+	t.Run("this peer always holds its own", func(t *testing.T) {
+		m := newViewMesh("me", time.Hour)
+		defer m.closeView()
+		m.observe(gossips(t, "me", "", "me:1"), false) // before it knows its NodeHostID
+		m.observe(gossips(t, "evil", "Z", "evil:1"), false)
+		m.observe(gossips(t, "me", "Z", "me:1"), false)
+		if got := lookup(m, "Z"); got != "me:1" || refusedBy(m, "evil") != "me" {
+			t.Fatalf("Z resolves to %q, evil refused for %q; want me:1 and me", got, refusedBy(m, "evil"))
+		}
+	})
 }

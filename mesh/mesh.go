@@ -65,7 +65,7 @@ type Mesh struct {
 	// another member holds; reserved, the NodeHostIDs of departed holders
 	// still reserved for them, with the timer that ends the reservation.
 	refused    map[string]refusal
-	reserved   map[string]*time.Timer
+	reserved   map[string]*reservation
 	claimSeq   uint64
 	viewClosed bool
 	leaving    map[string]struct{} // members (in view) that announced Leave
@@ -127,7 +127,7 @@ func Create(cfg Config) (*Mesh, error) {
 		view:      make(map[string]Member),
 		byHostID:  make(map[string]string),
 		refused:   make(map[string]refusal),
-		reserved:  make(map[string]*time.Timer),
+		reserved:  make(map[string]*reservation),
 		leaving:   make(map[string]struct{}),
 	}
 	m.refusals.Every = 10 * time.Second
