@@ -58,6 +58,14 @@ type Config struct {
 	// once the stream carries at least 8 bytes per announced member. The
 	// mesh cannot grow beyond it: raise it before a mesh nears it.
 	MaxMembers int
+	// ReclaimAfter is how long the NodeHostID of a member that died or
+	// left stays reserved for that member's name. Within it the name may
+	// come back (a restart, or a death declared by mistake or by a forged
+	// message, which the member refutes within seconds) and still hold
+	// its NodeHostID; after it, another live member gossiping the same
+	// NodeHostID takes it over. Zero means [DefaultReclaimAfter]. While a
+	// member holds a NodeHostID no other member can: see [Mesh.Conflicts].
+	ReclaimAfter time.Duration
 	// Transport, when set, carries all gossip instead of the UDP/TCP
 	// transport the Mesh would bind to BindAddr. It is a test hook for
 	// fault injection (internal/faultnet wraps a memberlist.NetTransport to
@@ -77,6 +85,7 @@ func DefaultConfig() Config {
 		BindAddr:         DefaultBindAddr,
 		BroadcastTimeout: DefaultBroadcastTimeout,
 		MaxMembers:       DefaultMaxMembers,
+		ReclaimAfter:     DefaultReclaimAfter,
 	}
 }
 
@@ -116,6 +125,9 @@ func (c Config) Validate() error {
 	}
 	if c.BroadcastTimeout < 0 {
 		return fmt.Errorf("%w: BroadcastTimeout %v is negative", ErrInvalidConfig, c.BroadcastTimeout)
+	}
+	if c.ReclaimAfter < 0 {
+		return fmt.Errorf("%w: ReclaimAfter %v is negative; use 0 for the default of %v", ErrInvalidConfig, c.ReclaimAfter, DefaultReclaimAfter)
 	}
 	return nil
 }

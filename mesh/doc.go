@@ -19,7 +19,9 @@
 //     bytes cannot make memberlist allocate megabytes;
 //   - a dragonboat v4 node registry ([Mesh.NodeRegistryFactory], [Registry])
 //     that resolves raft targets (NodeHostIDs) to the raft address the owning
-//     peer gossips. It goes in NodeHostConfig.Expert.NodeRegistryFactory, in
+//     peer gossips: the first live member to gossip a NodeHostID holds it,
+//     and others gossiping it are refused ([Mesh.Conflicts]). It goes in
+//     NodeHostConfig.Expert.NodeRegistryFactory, in
 //     place of dragonboat's own gossip registry
 //     (NodeHostConfig.DefaultNodeRegistryEnabled, which stays false);
 //   - placement: [Replicas] is a pure rendezvous-hashing function that maps a

@@ -41,10 +41,16 @@ import (
 //   - a compressed stream message is inflated by the guard, at most to the
 //     largest push-pull MaxMembers allows and to maxInflation times its
 //     compressed size, and memberlist is handed the inflated message,
-//     checked like a plain one;
+//     checked like a plain one; it may not be compressed or encrypted
+//     itself, or memberlist would inflate (or decrypt) that second layer
+//     on its own, unchecked;
 //   - an encrypted stream message may not announce more than twice that;
-//   - a packet may be compressed once (memberlist compresses a whole
-//     packet, never a part) and inflate to at most maxPacketBytes;
+//   - a packet must be layered as memberlist builds one, outside in: an
+//     optional checksum, an optional compression of all the rest (inflating
+//     to at most maxPacketBytes), an optional compound, then messages none
+//     of which is a checksum, compressed, compound or encrypted. memberlist
+//     decodes any nesting of these recursively, inflating each compressed
+//     layer up to 40 MB; lockmesh never sends one;
 //   - at most maxInboundStreams inbound streams are open at once; more are
 //     closed at once.
 //
@@ -205,7 +211,7 @@ func (t *guardTransport) forwardPackets() {
 			return
 		case p := <-in:
 			if !t.encrypted {
-				if err := checkPacket(p.Buf, &t.scratch, false, 0); err != nil {
+				if err := checkPacket(p.Buf, &t.scratch); err != nil {
 					t.warn.Warn(t.log, "mesh: dropped a gossip packet", "from", p.From, "err", err)
 					continue
 				}
@@ -307,6 +313,12 @@ func checkStream(r io.Reader, lim guardLimits) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
+		// memberlist is handed inner in place of the message: a compressed
+		// or encrypted inner message would be inflated or decrypted by
+		// memberlist itself, never by the guard.
+		if typ := inner[0]; typ == msgCompress || typ == msgEncrypt {
+			return nil, refused("%s message inside a compressed stream message; memberlist never nests them", msgName(typ))
+		}
 		if err := checkPlain(&msgReader{buf: inner}, lim); err != nil {
 			return nil, err
 		}
@@ -389,46 +401,22 @@ func checkPlain(r *msgReader, lim guardLimits) error {
 	return nil
 }
 
-// checkPacket checks a plaintext packet (or a part of one). A compressed
-// packet is inflated into *scratch, which is kept for the next packet,
-// and checked in turn; inflated says buf is that inflated content. depth
-// counts the layers (compound, compression) around buf.
-func checkPacket(buf []byte, scratch *[]byte, inflated bool, depth int) error {
-	if len(buf) == 0 {
-		return nil
+// checkPacket checks a plaintext packet. memberlist builds every packet
+// in the same layers, outside in: an optional checksum, an optional
+// compression of all the rest, an optional compound of messages, then
+// messages that each decode into a small struct. Its decoder accepts these
+// layers nested in any order and depth (a compressed message in a compound
+// in a compressed packet is inflated twice, each time up to 40 MB), so the
+// guard accepts them only in that order, each at most once. The compressed
+// layer is inflated into *scratch, which is kept for the next packet.
+func checkPacket(buf []byte, scratch *[]byte) error {
+	// memberlist strips a checksum only from the start of a packet, and
+	// only when it is whole.
+	in := "" // the layers around buf
+	if len(buf) >= 5 && buf[0] == msgHasCRC {
+		buf, in = buf[5:], "checksummed packet"
 	}
-	if depth > 3 {
-		return refused("packet nested %d levels deep", depth)
-	}
-	switch buf[0] {
-	case msgHasCRC:
-		if len(buf) < 5 {
-			return nil // memberlist drops it
-		}
-		return checkPacket(buf[5:], scratch, inflated, depth)
-	case msgCompound:
-		if len(buf) < 2 {
-			return nil
-		}
-		parts, lens := int(buf[1]), buf[2:]
-		if len(lens) < 2*parts {
-			return nil
-		}
-		body := lens[2*parts:]
-		for i := range parts {
-			n := int(binary.BigEndian.Uint16(lens[2*i:]))
-			if n > len(body) {
-				return nil // memberlist handles the parts that are whole
-			}
-			if err := checkPacket(body[:n], scratch, inflated, depth+1); err != nil {
-				return err
-			}
-			body = body[n:]
-		}
-	case msgCompress:
-		if inflated || depth > 0 {
-			return refused("compressed message inside a packet; memberlist compresses whole packets only")
-		}
+	if len(buf) > 0 && buf[0] == msgCompress {
 		if cap(*scratch) == 0 {
 			*scratch = make([]byte, 0, maxPacketBytes+bytes.MinRead+1)
 		}
@@ -436,9 +424,64 @@ func checkPacket(buf []byte, scratch *[]byte, inflated bool, depth int) error {
 		if err != nil {
 			return err
 		}
-		return checkPacket(inner, scratch, true, depth+1)
+		buf, in = inner, "compressed packet"
+	}
+	if len(buf) == 0 || buf[0] != msgCompound {
+		if in == "" {
+			return nil // a plain message, or one memberlist does not handle
+		}
+		return checkPacketMessage(buf, in)
+	}
+	if len(buf) < 2 {
+		return nil // memberlist drops it
+	}
+	if in == "" {
+		in = "packet"
+	}
+	parts, lens := int(buf[1]), buf[2:]
+	if len(lens) < 2*parts {
+		return nil
+	}
+	body := lens[2*parts:]
+	for i := range parts {
+		n := int(binary.BigEndian.Uint16(lens[2*i:]))
+		if n > len(body) {
+			return nil // memberlist handles the parts that are whole
+		}
+		if err := checkPacketMessage(body[:n], "compound in a "+in); err != nil {
+			return err
+		}
+		body = body[n:]
 	}
 	return nil
+}
+
+// checkPacketMessage refuses a message, found inside the packet layers
+// named by in, that is itself one of those layers.
+func checkPacketMessage(msg []byte, in string) error {
+	if len(msg) == 0 {
+		return nil
+	}
+	switch typ := msg[0]; typ {
+	case msgHasCRC, msgCompress, msgCompound, msgEncrypt:
+		return refused("%s message inside a %s; memberlist compresses and checksums whole packets only, and never nests compounds", msgName(typ), in)
+	}
+	return nil
+}
+
+// msgName names the message types that wrap others.
+func msgName(typ byte) string {
+	switch typ {
+	case msgCompound:
+		return "compound"
+	case msgCompress:
+		return "compressed"
+	case msgEncrypt:
+		return "encrypted"
+	case msgHasCRC:
+		return "checksummed"
+	}
+	return fmt.Sprintf("type %d", typ)
 }
 
 // inflate reads memberlist's compress struct {Algo, Buf} from r and

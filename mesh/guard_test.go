@@ -179,6 +179,25 @@ func lzwBomb(n int) []byte {
 	return buf.Bytes()
 }
 
+// ackedPing sends a UDP ping for node over conn and waits for its ack,
+// retrying: UDP may drop it. memberlist handles packets in order on one
+// goroutine, so the ack means every packet sent before has been handled.
+func ackedPing(t testing.TB, conn net.Conn, node string, seq uint32) {
+	t.Helper()
+	ping := pingMsg(t, node, seq)
+	buf := make([]byte, 1024)
+	for range 50 {
+		if _, err := conn.Write(ping); err != nil {
+			t.Fatal(err)
+		}
+		conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if n, err := conn.Read(buf); err == nil && n > 0 && buf[0] == 2 { // ackRespMsg
+			return
+		}
+	}
+	t.Fatalf("no ack for ping %d after 50 tries", seq)
+}
+
 // A peer without a gossip key, sent 50 UDP packets of 32 KB that inflate
 // to 41 MB each, must not inflate them: memberlist v0.7.0 alone inflates a
 // compressed packet up to its 40 MB limit before giving up.
@@ -193,22 +212,7 @@ func TestGossipPacketAmplification(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	// acked sends a ping and waits for its ack, retrying: UDP may drop it.
-	acked := func(seq uint32) {
-		t.Helper()
-		ping := pingMsg(t, "target", seq)
-		buf := make([]byte, 1024)
-		for range 50 {
-			if _, err := conn.Write(ping); err != nil {
-				t.Fatal(err)
-			}
-			conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-			if n, err := conn.Read(buf); err == nil && n > 0 && buf[0] == 2 { // ackRespMsg
-				return
-			}
-		}
-		t.Fatalf("no ack for ping %d after 50 tries", seq)
-	}
+	acked := func(seq uint32) { t.Helper(); ackedPing(t, conn, "target", seq) }
 	acked(0) // control: the peer answers pings from this socket
 	t.Logf("compressed packet: %d bytes", len(bomb))
 
@@ -228,6 +232,92 @@ func TestGossipPacketAmplification(t *testing.T) {
 		packets, float64(alloc)/mib, float64(before.rss)/mib, float64(after.rss)/mib, float64(after.hwm)/mib)
 	if alloc > 50*mib {
 		t.Errorf("%d compressed packets made the peer allocate %d MiB, want < 50 MiB", packets, alloc/mib)
+	}
+}
+
+// A push-pull compressed twice must not reach memberlist: the guard
+// inflates one layer, and memberlist would inflate the second itself and
+// allocate 112 bytes for each of the 2^20 members the header inside
+// claims. Before the guard refused it, 20 such messages of 76 bytes made
+// the peer allocate 2.2 GiB.
+func TestGossipNestedCompressionAmplification(t *testing.T) {
+	m := startMesh(t, "target", nil, nil)
+	hostile := compressMsg(t, compressMsg(t, encodeMsg(t, tPushPull, pushPullHeader{Nodes: 1 << 20})))
+	t.Logf("push-pull compressed twice: %d bytes", len(hostile))
+
+	const messages = 20
+	runtime.GC()
+	resetPeakRSS()
+	before := readFootprint(t)
+	for range messages {
+		sendStream(t, m.Addr(), hostile)
+	}
+	after := readFootprint(t)
+	alloc := after.totalAlloc - before.totalAlloc
+	t.Logf("%d push-pulls compressed twice: allocated %.1f MiB, RSS %.1f -> %.1f MiB, peak RSS %.1f MiB",
+		messages, float64(alloc)/mib, float64(before.rss)/mib, float64(after.rss)/mib, float64(after.hwm)/mib)
+	if alloc > 32*mib {
+		t.Errorf("%d doubly compressed push-pulls made the peer allocate %d MiB, want < 32 MiB", messages, alloc/mib)
+	}
+
+	// The peer still gossips with a real one afterwards.
+	other := startMesh(t, "friend", nil, nil)
+	joinCtx(t, other, m.Addr())
+	waitFor(t, 20*time.Second, "target sees friend", func() bool { return len(m.Members()) == 2 })
+}
+
+// UDP packets that nest compression (compressed twice, or a compressed
+// message in a compound in a compressed packet) must not reach memberlist,
+// whose decoder inflates every compressed layer it meets, each up to 40 MB.
+func TestGossipNestedPacketAmplification(t *testing.T) {
+	m := startMesh(t, "target", nil, nil)
+	bomb := encodeMsg(t, tCompress, struct {
+		Algo int
+		Buf  []byte
+	}{0, lzwBomb(40 << 20)}) // memberlist's limit, 40 MiB, exactly
+	compound := func(parts ...[]byte) []byte {
+		out := []byte{tCompound, byte(len(parts))}
+		for _, p := range parts {
+			out = binary.BigEndian.AppendUint16(out, uint16(len(p)))
+		}
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	hostile := [][]byte{
+		compressMsg(t, bomb),
+		compressMsg(t, compound(pingMsg(t, "target", 0), bomb)),
+	}
+	for i, p := range hostile {
+		if len(p) > 65000 {
+			t.Fatalf("hostile packet %d is %d bytes, too big for a datagram", i, len(p))
+		}
+		t.Logf("hostile packet %d: %d bytes", i, len(p))
+	}
+	conn, err := net.Dial("udp", m.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ackedPing(t, conn, "target", 0) // control: the peer answers pings from this socket
+
+	const packets = 20
+	runtime.GC()
+	resetPeakRSS()
+	before := readFootprint(t)
+	for i := range packets {
+		if _, err := conn.Write(hostile[i%len(hostile)]); err != nil {
+			t.Fatal(err)
+		}
+		ackedPing(t, conn, "target", uint32(i+1))
+	}
+	after := readFootprint(t)
+	alloc := after.totalAlloc - before.totalAlloc
+	t.Logf("%d packets nesting compression: allocated %.1f MiB, RSS %.1f -> %.1f MiB, peak RSS %.1f MiB",
+		packets, float64(alloc)/mib, float64(before.rss)/mib, float64(after.rss)/mib, float64(after.hwm)/mib)
+	if alloc > 32*mib {
+		t.Errorf("%d packets nesting compression made the peer allocate %d MiB, want < 32 MiB", packets, alloc/mib)
 	}
 }
 
@@ -277,6 +367,10 @@ func TestGossipGuardStream(t *testing.T) {
 		{"compressed 200-fold", compressed(lzwBomb(150 << 10)), nil, "128 times its size"},
 		{"compressed 4 GiB buffer", []byte{tCompress, 0x82, 0xa4, 'A', 'l', 'g', 'o', 0, 0xa3, 'B', 'u', 'f', 0xc6, 0xff, 0xff, 0xff, 0xff}, nil, "4294967295 bytes"},
 		{"compressed unknown algorithm", encodeMsg(t, tCompress, struct{ Algo int }{7}), nil, "algorithm 7"},
+		{"compressed twice", compressMsg(t, compressMsg(t, pushPull(3, nodes(3)))), nil, "compressed message inside a compressed stream message"},
+		{"compressed twice, claiming 2^20", compressMsg(t, compressMsg(t, pushPull(1<<20, nil))), nil, "compressed message inside a compressed stream message"},
+		{"encrypted inside compressed", compressMsg(t, encrypted(1000)), nil, "encrypted message inside a compressed stream message"},
+		{"compressed user message", compressMsg(t, userMsg(100)), userMsg(100), ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -350,8 +444,9 @@ func TestGossipGuardEmptyStream(t *testing.T) {
 	}
 }
 
-// A plaintext packet may be compressed once, as memberlist compresses
-// whole packets, and inflate to at most maxPacketBytes.
+// A plaintext packet must be layered as memberlist builds one (checksum,
+// compression, compound, each at most once and in that order), and a
+// compressed packet inflate to at most maxPacketBytes.
 func TestGossipGuardPacket(t *testing.T) {
 	ping := pingMsg(t, "x", 1)
 	crc := func(msg []byte) []byte { return append([]byte{msgHasCRC, 0, 0, 0, 0}, msg...) }
@@ -379,14 +474,26 @@ func TestGossipGuardPacket(t *testing.T) {
 		{"compressed compound with a checksum", crc(compressMsg(t, compound(ping, ping))), ""},
 		{"compressed bomb", bomb, "inflates to more than 65536 bytes"},
 		{"compressed bomb with a checksum", crc(bomb), "inflates to more than"},
-		{"compressed part of a compound", compound(ping, compressMsg(t, ping)), "compresses whole packets only"},
-		{"compressed twice", compressMsg(t, compressMsg(t, ping)), "compresses whole packets only"},
+		{"compressed part of a compound", compound(ping, compressMsg(t, ping)), "compressed message inside a compound in a packet"},
+		{"compressed twice", compressMsg(t, compressMsg(t, ping)), "compressed message inside a compressed packet"},
+		{"compressed twice with a checksum", crc(compressMsg(t, compressMsg(t, ping))), "compressed message inside a compressed packet"},
+		{"compressed in a compound, compressed", compressMsg(t, compound(ping, compressMsg(t, ping))), "compressed message inside a compound in a compressed packet"},
+		{"encrypted in a compressed packet", compressMsg(t, []byte{tEncrypt, 0, 0, 0, 0}), "encrypted message inside a compressed packet"},
+		{"encrypted in a compound", compound(ping, []byte{tEncrypt, 0}), "encrypted message inside a compound"},
+		{"compound in a compound", compound(ping, compound(ping, ping)), "compound message inside a compound"},
+		{"compound in a compressed compound", compressMsg(t, compound(compound(ping))), "compound message inside a compound in a compressed packet"},
+		{"checksum inside a compressed packet", compressMsg(t, crc(ping)), "checksummed message inside a compressed packet"},
+		{"checksum in a compound", compound(crc(ping)), "checksummed message inside a compound"},
+		{"checksum twice", crc(crc(ping)), "checksummed message inside a checksummed packet"},
+		{"checksummed compound", crc(compound(ping, ping)), ""},
+		{"compressed ping", compressMsg(t, ping), ""},
 		{"truncated compound", compound(ping)[:4], ""},
+		{"truncated checksum", []byte{msgHasCRC, 0}, ""},
 	}
 	var scratch []byte
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkPacket(tc.packet, &scratch, false, 0)
+			err := checkPacket(tc.packet, &scratch)
 			switch {
 			case tc.reason == "" && err != nil:
 				t.Fatalf("checkPacket refused a good packet: %v", err)

@@ -55,12 +55,20 @@ type Mesh struct {
 	metaBytes []byte
 
 	// viewMu guards the members whose metadata decodes and that are not
-	// dead or left, indexed by name and by NodeHostID, as memberlist's
-	// event callbacks report them. The registry resolves from it.
+	// dead or left, as memberlist's event callbacks report them, and who
+	// holds each NodeHostID (see identity.go). The registry resolves from
+	// it.
 	viewMu   sync.RWMutex
-	view     map[string]Member
-	byHostID map[string]string   // NodeHostID -> member name
-	leaving  map[string]struct{} // members (in view) that announced Leave
+	view     map[string]Member // admitted members, by name
+	byHostID map[string]string // NodeHostID -> its holder's name
+	// refused are the live members refused for gossiping a NodeHostID
+	// another member holds; reserved, the NodeHostIDs of departed holders
+	// still reserved for them, with the timer that ends the reservation.
+	refused    map[string]refusal
+	reserved   map[string]*reservation
+	claimSeq   uint64
+	viewClosed bool
+	leaving    map[string]struct{} // members (in view) that announced Leave
 
 	// closeMu orders Join's WaitGroup.Add before Close's Wait.
 	closeMu sync.RWMutex
@@ -78,6 +86,9 @@ type Mesh struct {
 	// memberlist reports on every alive message they send.
 	level    atomic.Uint32
 	refusals throttle.Warner
+	// conflicts rate-limits the warning for members refused by a
+	// NodeHostID conflict.
+	conflicts throttle.Warner
 }
 
 // Create validates cfg and starts the local peer: it binds the gossip
@@ -97,6 +108,9 @@ func Create(cfg Config) (*Mesh, error) {
 	if cfg.MaxMembers == 0 {
 		cfg.MaxMembers = DefaultMaxMembers
 	}
+	if cfg.ReclaimAfter == 0 {
+		cfg.ReclaimAfter = DefaultReclaimAfter
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -112,9 +126,12 @@ func Create(cfg Config) (*Mesh, error) {
 		metaBytes: metaBytes,
 		view:      make(map[string]Member),
 		byHostID:  make(map[string]string),
+		refused:   make(map[string]refusal),
+		reserved:  make(map[string]*reservation),
 		leaving:   make(map[string]struct{}),
 	}
 	m.refusals.Every = 10 * time.Second
+	m.conflicts.Every = 10 * time.Second
 	if cfg.OnEvent != nil {
 		m.events = newEventQueue(cfg.OnEvent, logger)
 	}
@@ -337,6 +354,8 @@ func (m *Mesh) LocalMeta() Meta {
 
 // Members returns the live members (not declared dead or left) whose
 // metadata decodes, this peer included until it leaves, sorted by Name.
+// Members refused for gossiping a NodeHostID another member holds are
+// not among them (see [Mesh.Conflicts]).
 // It is served from the view the event callbacks maintain, never from
 // memberlist's node structs, which memberlist mutates without a lock.
 // Member.State is always StateAlive: memberlist v0.7.0 does not expose
@@ -352,8 +371,8 @@ func (m *Mesh) Members() []Member {
 	return out
 }
 
-// Member returns the live member called name, if there is one and its
-// metadata decodes.
+// Member returns the live member called name, if there is one, its
+// metadata decodes and it is not refused (see [Mesh.Conflicts]).
 func (m *Mesh) Member(name string) (Member, bool) {
 	m.viewMu.RLock()
 	defer m.viewMu.RUnlock()
@@ -423,6 +442,7 @@ func (m *Mesh) Close() error {
 
 	err := m.list.Shutdown()
 	m.joins.Wait()
+	m.closeView()
 	if m.events != nil {
 		m.events.close()
 	}
@@ -467,10 +487,11 @@ func (m *Mesh) isClosed() bool {
 // false: NewNodeHost refuses both): the targets passed to StartReplica and
 // RequestAddReplica are NodeHostIDs, checked by dragonboat's NodeHostID
 // validator, and the registry resolves each to the RaftAddr gossiped by the
-// live member whose Meta.NodeHostID matches. Resolution follows the gossip
-// view as it changes; before a peer is seen, Resolve fails with
-// [ErrUnknownTarget] and dragonboat retries. Closing the registry does not
-// close the Mesh.
+// live member that holds that NodeHostID: the first seen gossiping it,
+// never another member gossiping it while the holder lives (see
+// [Mesh.Conflicts]). Resolution follows the gossip view as it changes;
+// before a peer is seen, Resolve fails with [ErrUnknownTarget] and
+// dragonboat retries. Closing the registry does not close the Mesh.
 func (m *Mesh) NodeRegistryFactory() config.NodeRegistryFactory {
 	return registryFactory{m}
 }
@@ -510,31 +531,42 @@ func (m *Mesh) observe(n *memberlist.Node, gone bool) {
 		delete(m.leaving, n.Name)
 	}
 	old, had := m.view[n.Name]
-	var ev Event
-	switch {
-	case gone || decodeErr != nil:
+	if gone || decodeErr != nil {
 		if decodeErr != nil {
 			m.log.Warn("mesh: ignoring member with undecodable metadata",
 				"member", n.Name, "addr", mem.Addr, "err", decodeErr)
 		}
+		delete(m.refused, n.Name)
 		if !had {
 			return
 		}
-		m.forget(old)
+		m.depart(old)
 		mem.Meta = old.Meta
-		ev = Event{Kind: EventLeave, Member: mem}
-	case !had:
-		m.remember(mem)
-		ev = Event{Kind: EventJoin, Member: mem}
-	default:
-		m.forget(old)
-		m.remember(mem)
-		if old.Meta == mem.Meta && old.Addr == mem.Addr {
-			return
-		}
-		ev = Event{Kind: EventUpdate, Member: mem}
+		m.push(Event{Kind: EventLeave, Member: mem})
+		return
 	}
-	// Queued under viewMu so events come out in the order the view changed.
+	if holder, ok := m.claim(mem); !ok {
+		if had {
+			m.drop(old)
+		}
+		m.refuse(mem, holder)
+		return
+	}
+	m.admitMember(mem)
+	switch {
+	case !had:
+		m.push(Event{Kind: EventJoin, Member: mem})
+	case old.Meta != mem.Meta || old.Addr != mem.Addr:
+		m.push(Event{Kind: EventUpdate, Member: mem})
+	}
+	if had && old.Meta.NodeHostID != mem.Meta.NodeHostID {
+		m.release(old.Meta.NodeHostID, n.Name)
+	}
+}
+
+// push queues ev for OnEvent. It is called under viewMu, so events come
+// out in the order the view changed.
+func (m *Mesh) push(ev Event) {
 	if m.events != nil {
 		m.events.push(ev)
 	}
@@ -552,36 +584,6 @@ func (m *Mesh) noteLeaving(name string) {
 	defer m.viewMu.Unlock()
 	if m.inView(name) {
 		m.leaving[name] = struct{}{}
-	}
-}
-
-// remember adds mem to the view. viewMu must be held.
-func (m *Mesh) remember(mem Member) {
-	m.view[mem.Name] = mem
-	if id := mem.Meta.NodeHostID; id != "" {
-		if other, ok := m.byHostID[id]; ok && other != mem.Name {
-			m.log.Warn("mesh: two members gossip the same NodeHostID; resolving to the newer",
-				"node_host_id", id, "old", other, "new", mem.Name)
-		}
-		m.byHostID[id] = mem.Name
-	}
-}
-
-// forget removes mem from the view. If another member gossips the same
-// NodeHostID (a peer restarted under a new name), the index falls back to
-// it. viewMu must be held.
-func (m *Mesh) forget(mem Member) {
-	delete(m.view, mem.Name)
-	id := mem.Meta.NodeHostID
-	if id == "" || m.byHostID[id] != mem.Name {
-		return
-	}
-	delete(m.byHostID, id)
-	for name, other := range m.view {
-		if other.Meta.NodeHostID == id {
-			m.byHostID[id] = name
-			return
-		}
 	}
 }
 
@@ -641,10 +643,13 @@ func (m *Mesh) SetLevel(level uint8) {
 		}
 		m.log.Warn("mesh: dropping a member that does not speak the cluster's level", "member", name,
 			"speaks", fmt.Sprintf("%d to %d", lo, hi), "level", level)
-		m.forget(mem)
+		m.depart(mem)
 		mem.State = StateLeft
-		if m.events != nil {
-			m.events.push(Event{Kind: EventLeave, Member: mem})
+		m.push(Event{Kind: EventLeave, Member: mem})
+	}
+	for name, r := range m.refused {
+		if lo, hi := r.mem.Meta.Versions(); level < lo || level > hi {
+			delete(m.refused, name)
 		}
 	}
 }
