@@ -172,3 +172,19 @@ func grow(b []byte, n, limit int) []byte {
 	copy(nb, b)
 	return nb
 }
+
+// unmarshal decodes body into m as a *frameError on failure, including
+// a panic: dragonboat's MessageBatch.Unmarshal indexes out of range on
+// some inputs (raft_optimized.go messageCount; found by fuzzing, see
+// FuzzDecodeFrame).
+func unmarshal(m interface{ Unmarshal([]byte) error }, kind frameKind, body []byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = badFrame("%s: Unmarshal panicked: %v", kind, r)
+		}
+	}()
+	if err := m.Unmarshal(body); err != nil {
+		return badFrame("%s: %v", kind, err)
+	}
+	return nil
+}

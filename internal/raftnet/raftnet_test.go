@@ -207,6 +207,10 @@ func closedByPeer(c net.Conn, d time.Duration) bool {
 	return !(errors.As(err, &ne) && ne.Timeout())
 }
 
+// unmarshalPanics makes dragonboat's MessageBatch.Unmarshal panic with
+// "index out of range" (found by FuzzDecodeFrame).
+var unmarshalPanics = []byte("\n\x9d\x01" + strings.Repeat("0", 157) + "\xd2")
+
 // hostile is input that must close the connection it arrives on.
 type hostile struct {
 	name string
@@ -228,6 +232,7 @@ func hostileInputs(maxFrame int) []hostile {
 	panicBody, _ := panics.Marshal()
 	wrongKind := append(frameOf(kindBatch, body), frameOf(kindChunk, body)...)
 	return []hostile{
+		{name: "body MessageBatch.Unmarshal panics on", data: frameOf(kindBatch, unmarshalPanics)},
 		{name: "dragonboat header claiming 2^62 bytes", data: dragonboatHeader(1 << 62)},
 		{name: "header claiming MaxFrame+1", data: dragonboatHeader(uint64(maxFrame) + 1)},
 		{name: "header claiming MaxFrame, 1 KiB sent", data: append(dragonboatHeader(uint64(maxFrame)), make([]byte, 1024)...), hangUp: true},

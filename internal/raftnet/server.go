@@ -202,14 +202,14 @@ func (s *inbound) frame() error {
 	switch h.kind {
 	case kindBatch:
 		var b pb.MessageBatch
-		if err := b.Unmarshal(body); err != nil {
-			return badFrame("message batch: %v", err)
+		if err := unmarshal(&b, h.kind, body); err != nil {
+			return err
 		}
 		s.t.onBatch(b)
 	case kindChunk:
 		var c pb.Chunk
-		if err := c.Unmarshal(body); err != nil {
-			return badFrame("snapshot chunk: %v", err)
+		if err := unmarshal(&c, h.kind, body); err != nil {
+			return err
 		}
 		if !s.t.onChunk(c) {
 			return badFrame("snapshot chunk %d of shard %d from replica %d rejected by dragonboat", c.ChunkId, c.ShardID, c.From)
