@@ -112,10 +112,13 @@ type Config struct {
 	MaxConnsPerIP int
 
 	// MaxBuffered caps the bytes that frame bodies being read hold at
-	// once over all inbound connections, beyond the first 2 MiB of each
-	// (which every connection may hold). A frame that would exceed it
-	// closes its connection; the sender reconnects and dragonboat sends
-	// again. 0 means twice MaxFrame; it must be at least MaxFrame.
+	// once over all inbound connections, beyond the first 64 KiB of each
+	// (which every connection may hold: most message batches are
+	// smaller). A frame that would exceed it closes its connection; the
+	// sender reconnects and dragonboat sends again. 0 means twice
+	// MaxFrame; it must be at least MaxFrame. Inbound frames then hold at
+	// most MaxConns x 64 KiB + MaxBuffered (194 MiB by default), plus the
+	// buffers' growth (at most twice each).
 	MaxBuffered int
 
 	// Logger receives refused connections and frames (rate-limited to one
@@ -162,6 +165,14 @@ func (c Config) Validate() error {
 	}
 	if d := c.withDefaults(); d.MaxBuffered < d.MaxFrame && c.MaxBuffered >= 0 && c.MaxFrame >= 0 {
 		errs = append(errs, fmt.Errorf("raftnet: MaxBuffered %d is below MaxFrame %d: a frame of MaxFrame could never be read; raise MaxBuffered", d.MaxBuffered, d.MaxFrame))
+	}
+	if c.TLS != nil {
+		if c.TLS.RootCAs == nil && c.TLS.ClientCAs == nil {
+			errs = append(errs, errors.New("raftnet: TLS has neither RootCAs nor ClientCAs; set the CA that signs the peers' certificates (LoadTLS does), or every publicly trusted certificate would pass"))
+		}
+		if len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil {
+			errs = append(errs, errors.New("raftnet: TLS has no certificate; set Certificates (LoadTLS does)"))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -10,9 +10,9 @@
 // exchange messages during a rolling upgrade, and reads it defensively:
 //
 //  1. A frame's size is checked against Config.MaxFrame before its body
-//     is read; its body buffer grows by at most 2 MiB as bytes arrive,
-//     and all connections together hold at most Config.MaxBuffered beyond
-//     their first 2 MiB.
+//     is read; its body buffer grows as bytes arrive (64 KiB first, then
+//     doubling, at most 2 MiB at once), and all connections together hold
+//     at most Config.MaxBuffered beyond their first 64 KiB.
 //  2. Bad magic, header checksum, kind, size or body checksum, a frame of
 //     the other kind than the connection began with, or a chunk the
 //     handler rejects closes that connection, with a rate-limited warning.
@@ -77,7 +77,7 @@ type factory struct{ cfg Config }
 // batches to onBatch and snapshot chunks to onChunk, each on the goroutine
 // of the connection it arrived on.
 func (f *factory) Create(nhc config.NodeHostConfig, onBatch raftio.MessageHandler, onChunk raftio.ChunkHandler) raftio.ITransport {
-	return &transport{
+	t := &transport{
 		cfg:     f.cfg.withDefaults(),
 		err:     f.cfg.Validate(),
 		addr:    nhc.GetListenAddress(),
@@ -86,6 +86,10 @@ func (f *factory) Create(nhc config.NodeHostConfig, onBatch raftio.MessageHandle
 		conns:   map[net.Conn]struct{}{},
 		perIP:   map[string]int{},
 	}
+	for _, w := range []*throttle.Warner{&t.refusedConn, &t.refusedTLS, &t.refusedFrame, &t.panicked} {
+		w.Every = warnEvery
+	}
+	return t
 }
 
 // Validate reports whether addr is host:port with a non-empty host and a
@@ -116,7 +120,7 @@ type transport struct {
 	refusedConn, refusedTLS, refusedFrame, panicked throttle.Warner
 
 	heldMu sync.Mutex
-	held   int // body bytes held beyond each frame's first piece
+	held   int // body bytes reserved beyond each frame's first piece
 
 	mu      sync.Mutex
 	closed  bool
@@ -150,7 +154,6 @@ func (t *transport) Start() error {
 	t.ln = ln
 	t.wg.Add(1)
 	t.mu.Unlock()
-	t.refusedConn.Every, t.refusedTLS.Every, t.refusedFrame.Every, t.panicked.Every = warnEvery, warnEvery, warnEvery, warnEvery
 	go t.accept(ln)
 	return nil
 }

@@ -411,9 +411,10 @@ func mustMarshal(t *testing.T, b pb.MessageBatch) []byte {
 func TestMaxBuffered(t *testing.T) {
 	srv := startPeer(t, Config{MaxFrame: 8 << 20, MaxBuffered: 8 << 20})
 	// Two connections each send 3 MiB of an 8 MiB frame: each has read
-	// its first 2 MiB (free) and reserved the next 2 MiB piece, whose
-	// bytes are arriving: 4 MiB held. A third connection's whole 8 MiB
-	// frame would need 6 MiB more.
+	// its first 64 KiB (free) and the pieces after it, and reserved the
+	// piece from 2 to 4 MiB, whose bytes are arriving. A third
+	// connection's whole 8 MiB frame would need more than what is left.
+	const each = 4<<20 - firstPiece
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {
@@ -428,7 +429,7 @@ func TestMaxBuffered(t *testing.T) {
 		conns = append(conns, c)
 		c.Write(append(dragonboatHeader(8<<20), make([]byte, 3<<20)...))
 	}
-	waitFor(t, "4 MiB held", func() bool { return srv.tr.heldBytes() == 4<<20 })
+	waitFor(t, "two frames' reservations held", func() bool { return srv.tr.heldBytes() == 2*each })
 	c, err := net.Dial("tcp", srv.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -438,8 +439,8 @@ func TestMaxBuffered(t *testing.T) {
 	if !closedByPeer(c, 2*time.Second) {
 		t.Fatal("a frame beyond MaxBuffered did not close its connection")
 	}
-	if h := srv.tr.heldBytes(); h != 4<<20 {
-		t.Fatalf("%d bytes held after the refusal, want 4 MiB", h)
+	if h := srv.tr.heldBytes(); h != 2*each {
+		t.Fatalf("%d bytes held after the refusal, want %d", h, 2*each)
 	}
 	for _, c := range conns {
 		c.Close()
@@ -561,6 +562,9 @@ func TestValidate(t *testing.T) {
 	}
 	if err := (Config{MaxFrame: 1 << 20}).Validate(); err == nil {
 		t.Error("MaxFrame of 1 MiB accepted; dragonboat's 2 MiB chunks would not fit")
+	}
+	if err := (Config{TLS: &tls.Config{Certificates: []tls.Certificate{{}}}}).Validate(); err == nil || !strings.Contains(err.Error(), "RootCAs") {
+		t.Errorf("TLS without a CA: %v, want it refused (system roots would verify peers)", err)
 	}
 	tr := Factory(Config{ReadTimeout: -1}).Create(config.NodeHostConfig{RaftAddress: "127.0.0.1:0"}, nil, nil)
 	if err := tr.Start(); err == nil || !strings.Contains(err.Error(), "ReadTimeout") {

@@ -182,7 +182,7 @@ func (s *inbound) frame() error {
 	got, charged := 0, 0
 	defer func() { s.t.refund(charged) }()
 	body, err := readBody(s.conn, h, s.buf, s.encrypted, func(n int) error {
-		if over := got + n - max(got, pieceSize); over > 0 {
+		if over := got + n - max(got, firstPiece); over > 0 {
 			if !s.t.charge(over) {
 				return badFrame("%s of %d bytes: %d bytes of frames already held (MaxBuffered %d)", h.kind, h.size, s.t.heldBytes(), s.t.cfg.MaxBuffered)
 			}

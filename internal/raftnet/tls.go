@@ -43,10 +43,13 @@ func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 }
 
 // serverTLS is c for accepting: a client certificate is always required
-// and verified, whatever c says.
+// and verified against the peers' CA, whatever c says.
 func serverTLS(c *tls.Config) *tls.Config {
 	c = c.Clone()
 	c.ClientAuth = tls.RequireAndVerifyClientCert
+	if c.ClientCAs == nil {
+		c.ClientCAs = c.RootCAs // never the system roots
+	}
 	c.MinVersion = max(c.MinVersion, tls.VersionTLS12)
 	return c
 }
@@ -55,6 +58,9 @@ func serverTLS(c *tls.Config) *tls.Config {
 // of target is what its certificate must name.
 func clientTLS(c *tls.Config, target string) *tls.Config {
 	c = c.Clone()
+	if c.RootCAs == nil {
+		c.RootCAs = c.ClientCAs // never the system roots
+	}
 	if c.ServerName == "" {
 		if host, _, err := net.SplitHostPort(target); err == nil {
 			c.ServerName = host
