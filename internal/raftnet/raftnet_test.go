@@ -273,8 +273,8 @@ func TestHostileInput(t *testing.T) {
 		if in.hangUp {
 			c.(*net.TCPConn).CloseWrite()
 		}
-		if !closedByPeer(c, time.Second) {
-			t.Errorf("%s: connection still open after 1s", in.name)
+		if !closedByPeer(c, 5*time.Second) {
+			t.Errorf("%s: connection still open after 5s", in.name)
 		}
 		c.Close()
 	}
@@ -542,7 +542,7 @@ func TestCloseClosesConnections(t *testing.T) {
 	defer raw.Close()
 	b.tr.Close()
 	b.tr.Close()
-	if !closedByPeer(raw, time.Second) {
+	if !closedByPeer(raw, 5*time.Second) {
 		t.Fatal("inbound connection open after Close")
 	}
 	a.tr.Close()
