@@ -16,6 +16,7 @@ import (
 	"github.com/lni/vfs"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/raftnet"
 )
 
 // ElectionRTT is every replica's election timeout in RTTs. The leader-side
@@ -35,15 +36,19 @@ type HostConfig struct {
 	// Registry resolves NodeHostIDs to Raft addresses (mesh's, fed from
 	// gossip).
 	Registry config.NodeRegistryFactory
-	// Transport replaces dragonboat's TCP transport (tests inject faults
-	// with it); nil keeps it.
+	// Transport replaces the Raft transport (tests inject faults with
+	// it); nil means raftnet's TCP transport, with the TLS files below.
 	Transport config.TransportFactory
 	// Listener hears of leader changes, on dragonboat's goroutine.
 	Listener raftio.IRaftEventListener
 	// CAFile, CertFile and KeyFile enable mutual TLS between NodeHosts
-	// when any is set.
+	// when any is set (all three are then required).
 	CAFile, CertFile, KeyFile string
-	Logger                    *slog.Logger // nil discards
+	// RaftAuthorize, with TLS, decides from a peer certificate's
+	// CommonName and DNS SANs whether it is an authorized member
+	// (raftnet.Config.Authorize); nil accepts any certificate of the CA.
+	RaftAuthorize func(names []string) bool
+	Logger        *slog.Logger // nil discards
 	// OnStop is called before a replica is stopped here (removed or
 	// halted), with its shard, on the goroutine stopping it; node drops
 	// the shard's leases there. It must not block. Nil means nothing to do.
@@ -51,9 +56,11 @@ type HostConfig struct {
 }
 
 // NodeHostConfig is the dragonboat configuration of c: one shared LogDB
-// shard and as many engine workers as cores (see logDBConfig and
-// engineConfig for the measurements behind them).
-func NodeHostConfig(c HostConfig) config.NodeHostConfig {
+// shard, as many engine workers as cores (see logDBConfig and
+// engineConfig for the measurements behind them), and raftnet's transport
+// unless c.Transport replaces it. It fails if the TLS files cannot be
+// loaded.
+func NodeHostConfig(c HostConfig) (config.NodeHostConfig, error) {
 	nhc := config.NodeHostConfig{
 		NodeHostDir:       c.Dir,
 		RTTMillisecond:    uint64(c.RTT / time.Millisecond),
@@ -66,14 +73,20 @@ func NodeHostConfig(c HostConfig) config.NodeHostConfig {
 			Engine:              engineConfig(),
 		},
 	}
-	if c.Transport != nil {
-		nhc.Expert.TransportFactory = c.Transport
+	nhc.Expert.TransportFactory = c.Transport
+	if c.Transport == nil {
+		// dragonboat's MutualTLS stays off: raftnet does the TLS, and
+		// dragonboat only reads MutualTLS for its own transport.
+		rc := raftnet.Config{Authorize: c.RaftAuthorize, Logger: c.Logger}
+		if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" {
+			var err error
+			if rc.TLS, err = raftnet.LoadTLS(c.CAFile, c.CertFile, c.KeyFile); err != nil {
+				return config.NodeHostConfig{}, err
+			}
+		}
+		nhc.Expert.TransportFactory = raftnet.Factory(rc)
 	}
-	if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" {
-		nhc.MutualTLS = true
-		nhc.CAFile, nhc.CertFile, nhc.KeyFile = c.CAFile, c.CertFile, c.KeyFile
-	}
-	return nhc
+	return nhc, nil
 }
 
 // logDBConfig is dragonboat's small-memory LogDB with one storage shard
@@ -120,7 +133,11 @@ type Replicas struct {
 
 // Open starts the NodeHost of c. The caller releases it with Close.
 func Open(c HostConfig) (*Replicas, error) {
-	nh, err := dragonboat.NewNodeHost(NodeHostConfig(c))
+	nhc, err := NodeHostConfig(c)
+	if err != nil {
+		return nil, fmt.Errorf("start raft on %s: %w", c.RaftAddr, err)
+	}
+	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
 		return nil, fmt.Errorf("start raft on %s: %w", c.RaftAddr, err)
 	}

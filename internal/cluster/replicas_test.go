@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,17 +15,27 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/raftnet"
+	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestNodeHostConfig(t *testing.T) {
-	c := NodeHostConfig(HostConfig{Dir: "d", RaftAddr: "a:1", RTT: 50 * time.Millisecond})
+	c, err := NodeHostConfig(HostConfig{Dir: "d", RaftAddr: "a:1", RTT: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if c.RTTMillisecond != 50 || c.NodeHostDir != "d" || c.RaftAddress != "a:1" {
 		t.Fatalf("basic fields not carried: %+v", c)
 	}
-	if c.MutualTLS || c.Expert.TransportFactory != nil {
-		t.Fatal("TLS or a transport set without being asked for")
+	// raftnet's transport, never dragonboat's, whose reader a 20-byte
+	// header crashes; dragonboat's TLS stays off (raftnet does it).
+	if c.MutualTLS || c.Expert.TransportFactory == nil {
+		t.Fatalf("MutualTLS %v, transport %T: want raftnet's and no dragonboat TLS", c.MutualTLS, c.Expert.TransportFactory)
+	}
+	if tr := c.Expert.TransportFactory.Create(c, nil, nil); tr.Name() != raftnet.Name {
+		t.Fatalf("transport %q, want %q", tr.Name(), raftnet.Name)
 	}
 	if c.Expert.LogDB.Shards != 1 {
 		t.Fatalf("LogDB has %d shards, want 1 (one shared fsync)", c.Expert.LogDB.Shards)
@@ -32,11 +43,20 @@ func TestNodeHostConfig(t *testing.T) {
 	if w := c.Expert.Engine.ExecShards; w < 2 || w > 16 || w != c.Expert.Engine.ApplyShards || w != c.Expert.Engine.CommitShards {
 		t.Fatalf("engine workers %+v, want one count between 2 and 16", c.Expert.Engine)
 	}
-	// Any one file asks for mutual TLS: dragonboat then refuses a
-	// half-configured pair instead of running in plaintext.
-	c = NodeHostConfig(HostConfig{CertFile: "cert.pem"})
-	if !c.MutualTLS || c.CertFile != "cert.pem" {
-		t.Fatalf("a cert file did not turn on mutual TLS: %+v", c)
+	// Any one file asks for mutual TLS: a half-configured set is refused
+	// instead of running in plaintext.
+	if _, err := NodeHostConfig(HostConfig{CertFile: "cert.pem"}); err == nil || !strings.Contains(err.Error(), "CAFile") {
+		t.Fatalf("a cert file alone: %v, want an error naming the missing CAFile", err)
+	}
+	ca := transporttest.NewCA(t)
+	f := ca.WriteFiles(t.TempDir(), "peer-1")
+	if _, err := NodeHostConfig(HostConfig{CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile}); err != nil {
+		t.Fatalf("good TLS files: %v", err)
+	}
+	// A transport the caller gives is used as is.
+	fake := raftnet.Factory(raftnet.Config{})
+	if c, _ := NodeHostConfig(HostConfig{Transport: fake}); c.Expert.TransportFactory != fake {
+		t.Fatal("HostConfig.Transport not used")
 	}
 }
 

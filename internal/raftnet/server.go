@@ -1,0 +1,246 @@
+package raftnet
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime/debug"
+	"time"
+
+	pb "github.com/lni/dragonboat/v4/raftpb"
+)
+
+// accept runs until ln is closed, handing each connection within the caps
+// to its own goroutine.
+func (t *transport) accept(ln net.Listener) {
+	defer t.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: wait, as net/http
+			// does, instead of spinning or giving up.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			t.refusedConn.Warn(t.log(), "raftnet: accept failed; retrying", "addr", t.addr, "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		ip := remoteIP(c)
+		if why := t.admit(c, ip); why != "" {
+			c.Close()
+			t.refusedConn.Warn(t.log(), "raftnet: connection refused: "+why, "from", c.RemoteAddr().String())
+			continue
+		}
+		go t.serve(c, ip)
+	}
+}
+
+func remoteIP(c net.Conn) string {
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
+}
+
+// admit counts c against the caps; it returns why c must be closed, or
+// "" when it may be served (and t.wg counts it).
+func (t *transport) admit(c net.Conn, ip string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return "transport closed"
+	case t.inbound >= t.cfg.MaxConns:
+		return fmt.Sprintf("%d inbound connections held (MaxConns)", t.inbound)
+	case t.perIP[ip] >= t.cfg.MaxConnsPerIP:
+		return fmt.Sprintf("%d inbound connections held from %s (MaxConnsPerIP)", t.perIP[ip], ip)
+	}
+	t.inbound++
+	t.perIP[ip]++
+	t.conns[c] = struct{}{}
+	t.wg.Add(1)
+	return ""
+}
+
+// release undoes admit once c is done with, closing it.
+func (t *transport) release(c net.Conn, ip string) {
+	c.Close()
+	t.mu.Lock()
+	delete(t.conns, c)
+	t.inbound--
+	if t.perIP[ip]--; t.perIP[ip] == 0 {
+		delete(t.perIP, ip)
+	}
+	t.mu.Unlock()
+	t.wg.Done()
+}
+
+// serve reads frames from c until it ends, breaks a rule, or the transport
+// closes. Whatever happens here, including a panic in Unmarshal or in a
+// handler, ends with c closed and the process running.
+func (t *transport) serve(c net.Conn, ip string) {
+	defer t.release(c, ip)
+	from := c.RemoteAddr().String()
+	defer func() {
+		if r := recover(); r != nil {
+			t.panicked.Warn(t.log(), "raftnet: panic serving a Raft connection; connection closed", "from", from, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+	}()
+	if err := c.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout)); err != nil {
+		return
+	}
+	var conn net.Conn = c
+	if t.cfg.TLS != nil {
+		tc := tls.Server(c, serverTLS(t.cfg.TLS))
+		if err := tc.Handshake(); err != nil {
+			t.refusedTLS.Warn(t.log(), "raftnet: TLS handshake failed; connection closed", "from", from, "err", err)
+			return
+		}
+		if names, ok := t.authorized(tc.ConnectionState()); !ok {
+			t.refusedTLS.Warn(t.log(), "raftnet: peer certificate not authorized (Authorize refused it); connection closed", "from", from, "names", names)
+			return
+		}
+		conn = tc
+	}
+	s := &inbound{t: t, conn: conn, encrypted: t.cfg.TLS != nil}
+	for first := true; ; first = false {
+		if !first {
+			if err := conn.SetReadDeadline(time.Now().Add(t.cfg.IdleTimeout)); err != nil {
+				return
+			}
+		}
+		if err := s.frame(); err != nil {
+			var fe *frameError
+			switch {
+			case errors.As(err, &fe):
+				t.refusedFrame.Warn(t.log(), "raftnet: bad frame; connection closed", "from", from, "err", err)
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				t.refusedFrame.Warn(t.log(), "raftnet: peer too slow; connection closed", "from", from, "err", err)
+			}
+			// io.EOF and closed connections end quietly.
+			return
+		}
+	}
+}
+
+// authorized applies Config.Authorize to the verified peer certificate of
+// st, returning the names it was given.
+func (t *transport) authorized(st tls.ConnectionState) ([]string, bool) {
+	if len(st.PeerCertificates) == 0 || len(st.VerifiedChains) == 0 {
+		return nil, false
+	}
+	names := certNames(st.PeerCertificates[0])
+	if t.cfg.Authorize == nil {
+		return names, true
+	}
+	return names, t.cfg.Authorize(names)
+}
+
+// inbound is the reading state of one served connection.
+type inbound struct {
+	t         *transport
+	conn      net.Conn
+	encrypted bool
+	kind      frameKind // of the first frame; every later one must match
+	buf       []byte    // reused between frames up to pieceSize
+	hdr       [frameHead]byte
+}
+
+// frame reads one frame and hands it to its handler. An error ends the
+// connection: a *frameError for a frame that broke the format or a limit,
+// errPoison (answered) for the sender's end mark, or the read's error.
+func (s *inbound) frame() error {
+	if _, err := io.ReadFull(s.conn, s.hdr[:magicSize]); err != nil {
+		return err
+	}
+	if [magicSize]byte(s.hdr[:magicSize]) == poison {
+		// dragonboat's sender waits for the same two bytes back.
+		s.conn.SetWriteDeadline(time.Now().Add(s.t.cfg.ReadTimeout))
+		s.conn.Write(poison[:])
+		return errPoison
+	}
+	if _, err := io.ReadFull(s.conn, s.hdr[magicSize:]); err != nil {
+		return err
+	}
+	h, err := parseHeader(s.hdr[:], s.t.cfg.MaxFrame)
+	if err != nil {
+		return err
+	}
+	if s.kind == 0 {
+		s.kind = h.kind
+	} else if h.kind != s.kind {
+		return badFrame("%s on a connection that began with a %s", h.kind, s.kind)
+	}
+	got, charged := 0, 0
+	defer func() { s.t.refund(charged) }()
+	body, err := readBody(s.conn, h, s.buf, s.encrypted, func(n int) error {
+		if over := got + n - max(got, firstPiece); over > 0 {
+			if !s.t.charge(over) {
+				return badFrame("%s of %d bytes: %d bytes of frames already held (MaxBuffered %d)", h.kind, h.size, s.t.heldBytes(), s.t.cfg.MaxBuffered)
+			}
+			charged += over
+		}
+		got += n
+		return s.conn.SetReadDeadline(time.Now().Add(s.t.cfg.ReadTimeout))
+	})
+	if cap(body) <= pieceSize {
+		s.buf = body[:0]
+	} else {
+		s.buf = nil // a big frame's buffer is not kept
+	}
+	if err != nil {
+		return err
+	}
+	switch h.kind {
+	case kindBatch:
+		var b pb.MessageBatch
+		if err := unmarshal(&b, h.kind, body); err != nil {
+			return err
+		}
+		s.t.onBatch(b)
+	case kindChunk:
+		var c pb.Chunk
+		if err := unmarshal(&c, h.kind, body); err != nil {
+			return err
+		}
+		if !s.t.onChunk(c) {
+			return badFrame("snapshot chunk %d of shard %d from replica %d rejected by dragonboat", c.ChunkId, c.ShardID, c.From)
+		}
+	}
+	return nil
+}
+
+// charge takes n bytes from the MaxBuffered budget, or reports that they
+// are not there.
+func (t *transport) charge(n int) bool {
+	t.heldMu.Lock()
+	defer t.heldMu.Unlock()
+	if t.held+n > t.cfg.MaxBuffered {
+		return false
+	}
+	t.held += n
+	return true
+}
+
+func (t *transport) refund(n int) {
+	if n == 0 {
+		return
+	}
+	t.heldMu.Lock()
+	t.held -= n
+	t.heldMu.Unlock()
+}
+
+func (t *transport) heldBytes() int {
+	t.heldMu.Lock()
+	defer t.heldMu.Unlock()
+	return t.held
+}
