@@ -151,3 +151,27 @@ func (n *Node) noteKnownIPs(members []mesh.Member) {
 	}
 	n.knownIPs.Store(&ips)
 }
+
+// raftMember is the Raft transport's check of a peer's certificate, on
+// both ends of a connection: one of its names must be a peer the layout
+// lists. A certificate of the cluster's CA for anyone else carries no
+// Raft message (a peer being admitted is listed before it is given
+// replicas; until this peer's copy of the layout lists it, its
+// connections are refused and dragonboat redials).
+func (n *Node) raftMember(names []string) bool {
+	if n.authzOff() {
+		return true
+	}
+	p := n.placement.Load()
+	if p == nil {
+		if p = n.adopting.Load(); p == nil {
+			return false
+		}
+	}
+	for _, name := range names {
+		if _, ok := p.Peer(name); ok {
+			return true
+		}
+	}
+	return false
+}

@@ -186,6 +186,7 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 			return nil, rpcError(codeRejected, "peer %s promised another plan", n.cfg.Name)
 		}
 		n.promise, n.promiseRaw, n.promDue = p, body, n.now().Add(promiseTTL)
+		n.adopting.Store(p) // its founders' Raft connections are expected
 		return nil, nil
 	}
 	if method == methodCommit {

@@ -138,8 +138,10 @@ type Config struct {
 	// ClientAuth: tls.RequireAndVerifyClientCert for mutual TLS. Nil means
 	// plaintext, which is logged as a warning.
 	TLS *tls.Config
-	// RaftTLS enables mutual TLS on the Raft transport (dragonboat reads the
-	// PEM files itself). Zero means plaintext, which is logged as a warning.
+	// RaftTLS enables mutual TLS on the Raft transport (internal/raftnet
+	// reads the PEM files at Start). A connection is accepted only from a
+	// certificate of the CA that names a peer of the layout. Zero means
+	// plaintext, which is logged as a warning.
 	// Set TLS too: lock commands also travel over lockmesh's own transport,
 	// so a peer that can reach the RPC port unauthenticated can lock.
 	RaftTLS RaftTLS

@@ -57,6 +57,9 @@ type Node struct {
 	// knownIPs are the IPs of the gossip members' RPC addresses, as
 	// knownPeersLoop last saw them (the RPC server's Known).
 	knownIPs atomic.Pointer[map[string]bool]
+	// adopting is the layout adopt is starting replicas for, before it
+	// becomes placement.
+	adopting atomic.Pointer[layout.Placement]
 	promDue    time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
@@ -170,6 +173,7 @@ func (n *Node) open(ctx context.Context) error {
 	}
 	if cfg.RaftTLS.enabled() {
 		hc.CAFile, hc.CertFile, hc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
+		hc.RaftAuthorize = n.raftMember
 	}
 	n.warnPlaintext()
 	n.hintGOMAXPROCS()
@@ -381,6 +385,9 @@ func (n *Node) adopt(p *layout.Placement) error {
 	if err := n.saveRecord(p); err != nil {
 		return err
 	}
+	// The replicas start talking before p is stored below: the Raft
+	// transport's check of peers (raftMember) reads p from here meanwhile.
+	n.adopting.Store(p)
 	for _, shard := range p.ShardIDs() {
 		r, ok := p.Replica(shard, n.cfg.Name)
 		if !ok {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -216,8 +217,14 @@ func TestSecurityGossipKey(t *testing.T) {
 }
 
 // raftFiles writes a RaftTLS certificate for name from ca into dir.
+// raftFiles writes a Raft certificate of ca for the peer name into a new
+// directory under dir and names its files.
 func raftFiles(ca *transporttest.CA, dir, name string) RaftTLS {
-	f := ca.WriteFiles(dir, name)
+	sub, err := os.MkdirTemp(dir, name)
+	if err != nil {
+		panic(err)
+	}
+	f := ca.WriteFiles(sub, name)
 	return RaftTLS{CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile}
 }
 
@@ -252,7 +259,7 @@ func TestSecurityRaftTLS(t *testing.T) {
 
 	t.Run("SameCA", func(t *testing.T) {
 		peers := startClusterWith(t, clusterOpts{peers: 3, rf: 3}, func(_ int, c *Config) {
-			c.RaftTLS = raftFiles(ca1, dir, "same-"+c.Name)
+			c.RaftTLS = raftFiles(ca1, dir, c.Name)
 		})
 		lockAndUnlock(t, peers[2].node, "raft/a")
 		// Control for the observable used below: with good certificates
@@ -266,7 +273,7 @@ func TestSecurityRaftTLS(t *testing.T) {
 			if i == 2 {
 				ca = ca2
 			}
-			c.RaftTLS = raftFiles(ca, dir, "mixed-"+c.Name)
+			c.RaftTLS = raftFiles(ca, dir, c.Name)
 		})
 		good, odd := peers[0].node, peers[2].node
 		ctx := ctxT(t, 10*time.Second)
