@@ -60,7 +60,7 @@ type Node struct {
 	// adopting is the layout adopt is starting replicas for, before it
 	// becomes placement.
 	adopting atomic.Pointer[layout.Placement]
-	promDue    time.Time
+	promDue  time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
 	refusal atomic.Pointer[layout.IdentityError]
