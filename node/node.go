@@ -57,8 +57,9 @@ type Node struct {
 	// knownIPs are the IPs of the gossip members' RPC addresses, as
 	// knownPeersLoop last saw them (the RPC server's Known).
 	knownIPs atomic.Pointer[map[string]bool]
-	// adopting is the layout adopt is starting replicas for, before it
-	// becomes placement.
+	// adopting is the layout this peer expects before placement is set:
+	// the bootstrap plan it promised, then the layout adopt is starting
+	// replicas for (raftMember reads it).
 	adopting atomic.Pointer[layout.Placement]
 	promDue  time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
