@@ -245,7 +245,7 @@ func (c Config) validate(raftInMemory bool) error {
 		if err != nil {
 			return bad("%s %q is not host:port: %v", a.field, a.addr, err)
 		}
-		if host != "" && net.ParseIP(host) == nil {
+		if inMemory := a.field == "RaftAddr" && raftInMemory; host != "" && net.ParseIP(host) == nil && !inMemory {
 			return bad("%s %q: the host must be an IP address (127.0.0.1, not localhost): a name would be resolved by the system resolver when the peer listens, and again by every peer that dials it", a.field, a.addr)
 		}
 	}
