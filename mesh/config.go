@@ -66,6 +66,14 @@ type Config struct {
 	// NodeHostID takes it over. Zero means [DefaultReclaimAfter]. While a
 	// member holds a NodeHostID no other member can: see [Mesh.Conflicts].
 	ReclaimAfter time.Duration
+	// Bound, when set, tells which member name a NodeHostID belongs to by
+	// a record gossip cannot forge (lockmesh's cluster layout binds each
+	// name to one NodeHostID): the Registry then resolves a bound
+	// NodeHostID only to that member, whoever gossip says holds it, so an
+	// impostor cannot take over a NodeHostID whose owner is gone or that
+	// it announced first. It must not block; it is called on dragonboat's
+	// goroutines. Nil, or ok false, leaves the gossip rules alone.
+	Bound func(nodeHostID string) (name string, ok bool)
 	// Transport, when set, carries all gossip instead of the UDP/TCP
 	// transport the Mesh would bind to BindAddr. It is a test hook for
 	// fault injection (internal/faultnet wraps a memberlist.NetTransport to

@@ -285,4 +285,26 @@ func TestNodeHostIDRules(t *testing.T) {
 			t.Fatalf("Z resolves to %q, evil refused for %q; want me:1 and me", got, refusedBy(m, "evil"))
 		}
 	})
+	t.Run("a bound NodeHostID resolves only to its owner", func(t *testing.T) {
+		// The impostor gossips X first (or after its owner is gone past
+		// ReclaimAfter): gossip lets it hold X, the binding does not.
+		m := newViewMesh("me", time.Hour)
+		defer m.closeView()
+		m.cfg.Bound = func(id string) (string, bool) {
+			if id == "X" {
+				return "a", true
+			}
+			return "", false
+		}
+		m.observe(gossips(t, "evil", "X", "evil:1"), false)
+		m.observe(gossips(t, "a", "X", "a:1"), false)
+		if got := lookup(m, "X"); got != "" {
+			t.Fatalf("X resolves to %q while the impostor holds it in gossip; want nothing", got)
+		}
+		m.observe(gossips(t, "evil", "X", "evil:1"), true)
+		m.observe(gossips(t, "b", "Y", "b:1"), false)
+		if got := lookup(m, "Y"); got != "b:1" {
+			t.Fatalf("unbound Y resolves to %q, want b:1 by the gossip rules", got)
+		}
+	})
 }

@@ -504,6 +504,11 @@ func (m *Mesh) lookupRaftAddr(nodeHostID string) (string, bool) {
 	if !ok {
 		return "", false
 	}
+	if m.cfg.Bound != nil {
+		if owner, bound := m.cfg.Bound(nodeHostID); bound && owner != name {
+			return "", false
+		}
+	}
 	addr := m.view[name].Meta.RaftAddr
 	return addr, addr != ""
 }

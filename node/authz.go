@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
@@ -162,11 +163,9 @@ func (n *Node) raftMember(names []string) bool {
 	if n.authzOff() {
 		return true
 	}
-	p := n.placement.Load()
+	p := n.expectedLayout()
 	if p == nil {
-		if p = n.adopting.Load(); p == nil {
-			return false
-		}
+		return false
 	}
 	for _, name := range names {
 		if _, ok := p.Peer(name); ok {
@@ -174,4 +173,30 @@ func (n *Node) raftMember(names []string) bool {
 		}
 	}
 	return false
+}
+
+// layoutOwner is gossip's mesh.Config.Bound: the layout binds each member
+// name to one NodeHostID, and Raft messages for that NodeHostID go only to
+// the member of that name, whatever another member gossips.
+func (n *Node) layoutOwner(nodeHostID string) (string, bool) {
+	p := n.expectedLayout()
+	if p == nil {
+		return "", false
+	}
+	for _, pe := range p.Peers {
+		if pe.NodeHostID == nodeHostID {
+			return pe.Name, true
+		}
+	}
+	return "", false
+}
+
+// expectedLayout is the layout the Raft side goes by: this peer's, or
+// before it has one, the layout it is adopting or the plan it promised
+// (its replicas and the founders' talk before placement is set).
+func (n *Node) expectedLayout() *layout.Placement {
+	if p := n.placement.Load(); p != nil {
+		return p
+	}
+	return n.adopting.Load()
 }

@@ -151,6 +151,7 @@ func (n *Node) open(ctx context.Context) error {
 		Meta:      n.baseMeta(),
 		Local:     isLoopback(cfg.GossipAddr),
 		Logger:    n.log.With("component", "gossip"),
+		Bound:     n.layoutOwner,
 	}
 	if n.hooks.gossipTransport != nil {
 		if mcfg.Transport, err = n.hooks.gossipTransport(cfg.GossipAddr); err != nil {
