@@ -277,6 +277,9 @@ func TestHostileLocalProcess(t *testing.T) {
 		refused(t, "LeaderTerm 2^62 via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 1 << 62}))
 		refused(t, "ExpireSession via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.holder.Session, Term: recordedTerm(a.t, h, s.shard)}))
 		refused(t, "OpenSession with TTL 2^50 ms via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "local", TTLMillis: 1 << 50}))
+		body, _ := encodeBody(readReq{Shard: s.shard, Query: lockQuery{Kind: querySessions}, Level: h.node.topLevel()})
+		_, err := a.call(h, methodRead, body)
+		refused(t, "read of the whole session table via "+h.cfg.Name, err)
 	}
 	if v := s.violation(t); v != "" {
 		t.Fatal(v)
@@ -393,4 +396,37 @@ func TestHostileForeignCertificateNotAdmitted(t *testing.T) {
 		_, ok := peers[0].node.placement.Load().Peer("joiner")
 		return ok
 	})
+}
+
+// The transport reserves room for an answer before it runs the handler,
+// so the bound must cover what each method can answer: a read of one
+// request's state is small, anything that lists a key's holders, the
+// layout or every shard may take a whole frame.
+func TestAnswerBound(t *testing.T) {
+	enc := func(v any) []byte {
+		b, err := encodeBody(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name   string
+		method uint8
+		body   []byte
+		want   int
+	}{
+		{"request state", methodRead, enc(readReq{Shard: 2, Query: lockQuery{Kind: queryRequest, Session: 1, Req: 1}}), smallAnswer},
+		{"a key's holders", methodRead, enc(readReq{Shard: 2, Query: lockQuery{Kind: queryKey, Key: "k"}}), maxBodySize},
+		{"undecodable read", methodRead, []byte{0xc1}, maxBodySize},
+		{"layout", methodGetPlacement, nil, maxBodySize},
+		{"status", methodStatus, nil, maxBodySize},
+		{"membership", methodMembership, enc(shardReq{Shard: 2}), largeAnswer},
+		{"proposal of 1000 bytes", methodPropose, make([]byte, 1000), 8*1000 + smallAnswer},
+		{"notify", methodNotify, make([]byte, 1000), smallAnswer},
+	} {
+		if got := answerBound(tc.method, tc.body); got != tc.want {
+			t.Errorf("%s: bound %d, want %d", tc.name, got, tc.want)
+		}
+	}
 }

@@ -136,7 +136,7 @@ func (n *Node) open(ctx context.Context) error {
 	var err error
 	tcfg := transport.Config{Logger: n.log.With("component", "transport"), TLS: cfg.TLS, Dial: n.hooks.rpcDial}
 	scfg := tcfg
-	scfg.Known = n.knownConn
+	scfg.Known, scfg.AnswerBound = n.knownConn, answerBound
 	if n.rpc, err = transport.Listen(cfg.RPCAddr, scfg, n.handle); err != nil {
 		return fmt.Errorf("listen rpc %s: %w", cfg.RPCAddr, err)
 	}

@@ -93,6 +93,36 @@ func decodeBody(b []byte, v any) error {
 	return nil
 }
 
+// Bounds of the answers the handler makes, reserved by the transport
+// before it runs (transport.Config.AnswerBound): a peer that pipelines
+// requests and reads no answers holds at most MaxPendingBytes of them.
+const (
+	smallAnswer = 4 << 10  // an error, an acknowledgement, a request's state
+	largeAnswer = 64 << 10 // a shard's Raft membership
+)
+
+// answerBound is the most bytes handle answers the request with: a
+// method's fixed bound, a multiple of the request for proposals and
+// keepalives (a result per command, an id per session), and a whole frame
+// for what can list a shard's keys, every shard or the layout.
+func answerBound(method uint8, body []byte) int {
+	switch method {
+	case methodPropose, methodKeepAlive:
+		return 8*len(body) + smallAnswer
+	case methodRead:
+		var req readReq
+		if msgcheck.Unmarshal(body, &req, maxBodySize) == nil && req.Query.Kind == queryRequest {
+			return smallAnswer
+		}
+		return maxBodySize
+	case methodGetPlacement, methodStatus:
+		return maxBodySize
+	case methodMembership:
+		return largeAnswer
+	}
+	return smallAnswer
+}
+
 // rpcError builds a transport error the caller can classify by code.
 func rpcError(code uint16, format string, args ...any) error {
 	return lockerr.RPC(code, format, args...)
@@ -132,6 +162,11 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		}
 		if err := n.checkSender(req.Level); err != nil {
 			return nil, err
+		}
+		if req.Query.Kind == querySessions && !n.authzOff() {
+			// Every session's id and owner, for the leader's own lease
+			// table: no peer asks another for it.
+			return nil, rpcError(codeForbidden, "peer %s: %v: the session table is read only by the peer that hosts it", n.cfg.Name, authz.ErrForbidden)
 		}
 		a, err := n.serveRead(ctx, req)
 		if err != nil {

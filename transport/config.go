@@ -81,6 +81,17 @@ type Config struct {
 	// passes alone. 0 means DefaultMaxPendingBytes.
 	MaxPendingBytes int
 
+	// AnswerBound, when set, tells the server the most bytes the Handler
+	// can answer the request of method whose body is body (it must not
+	// keep or change body).
+	// The server reserves them in MaxPendingBytes before it runs the
+	// handler, so the answers that running handlers make can never hold
+	// more memory than the budget, however many small requests a peer
+	// pipelines without reading; an answer over its bound waits for room
+	// like any other. It must not block. Nil reserves nothing: handlers'
+	// answers are counted only once they return.
+	AnswerBound func(method uint8, body []byte) int
+
 	// HandshakeTimeout bounds how long a new server connection may take to
 	// complete its TLS handshake (also bounded by DialTimeout) and its
 	// first frame; one that has not sent a whole frame by then is closed.

@@ -94,13 +94,6 @@ func newByteBudget(limit int) *byteBudget {
 	return &byteBudget{limit: int64(limit), freed: make(chan struct{})}
 }
 
-// charge charges n bytes at once, whatever is left.
-func (b *byteBudget) charge(n int) {
-	b.mu.Lock()
-	b.used += int64(n)
-	b.mu.Unlock()
-}
-
 // release returns n charged bytes and wakes whoever waits for room.
 func (b *byteBudget) release(n int) {
 	b.mu.Lock()

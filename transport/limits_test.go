@@ -428,6 +428,58 @@ func TestUnreadResponsesBounded(t *testing.T) {
 	}
 }
 
+// Handlers that each make a fresh answer hold it until it is written: with
+// AnswerBound the server reserves an answer's room before it runs the
+// handler, so 256 pipelined small requests whose 4 MiB answers are never
+// read hold about MaxPendingBytes, not 1 GiB (the review measured ~900 MiB
+// through node's reads); read later, every one is answered.
+func TestAnswerBoundLimitsHandlersAnswers(t *testing.T) {
+	const n, answerSize = 256, 4<<20 - 64
+	var handled atomic.Int32
+	s := listen(t, transport.Config{
+		IdleTimeout: time.Minute,
+		AnswerBound: func(uint8, []byte) int { return answerSize },
+	}, func(context.Context, uint8, []byte) ([]byte, error) {
+		handled.Add(1)
+		return make([]byte, answerSize), nil // fresh, as a read's answer is
+	})
+	runtime.GC()
+	before := heapInuse()
+
+	conn := rawConns(t, s.Addr(), "127.0.0.1", 1)[0]
+	var reqs []byte
+	for i := range n {
+		reqs = append(reqs, encode(t, transport.Frame{Kind: transport.KindRequest, ID: uint64(i + 1), Method: 1, Payload: []byte("read")})...)
+	}
+	if _, err := conn.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+	// As in TestUnreadResponsesBounded, the window only gives the server
+	// time to misbehave: without AnswerBound all 256 handlers answer into
+	// memory within a tenth of it.
+	var peak uint64
+	for start := time.Now(); time.Since(start) < time.Second; time.Sleep(20 * time.Millisecond) {
+		peak = max(peak, heapInuse())
+	}
+	grew := int64(peak) - int64(before)
+	t.Logf("%d pipelined requests with fresh %.1f MiB answers, none read: %d handled, server heap %+.1f MiB",
+		n, float64(answerSize)/(1<<20), handled.Load(), float64(grew)/(1<<20))
+	if limit := int64(64 << 20); grew > limit {
+		t.Errorf("server heap grew %d MiB while the peer did not read, want < %d MiB", grew>>20, limit>>20)
+	}
+	conn.SetReadDeadline(time.Now().Add(60 * time.Second))
+	br := bufio.NewReaderSize(conn, 64<<10)
+	for i := range n {
+		f, err := transport.ReadFrame(br, transport.DefaultMaxFrameSize)
+		if err != nil {
+			t.Fatalf("answer %d of %d: %v", i+1, n, err)
+		}
+		if f.Kind != transport.KindResponse || len(f.Payload) != answerSize {
+			t.Fatalf("answer %d: kind %d, %d bytes (code %d %q)", i+1, f.Kind, len(f.Payload), f.Code, f.Message)
+		}
+	}
+}
+
 // A peer that never reads its answers, with MaxPendingBytes of them held,
 // is disconnected after IdleTimeout (and logged) rather than held with
 // its requests parked for ever.

@@ -400,9 +400,19 @@ func (sc *serverConn) run() {
 		case <-sc.ctx.Done():
 			return
 		}
-		sc.budget.charge(len(f.Payload))
+		// The request's body and the answer its handler may make, before
+		// the handler runs: a connection holds at most MaxPendingBytes of
+		// both.
+		reserve := 0
+		if s.cfg.AnswerBound != nil {
+			reserve = max(0, min(s.cfg.AnswerBound(f.Method, f.Payload), s.cfg.MaxFrameSize))
+		}
+		if !sc.budget.acquire(len(f.Payload)+reserve, sc.ctx.Done()) {
+			<-sc.slots
+			return
+		}
 		s.wg.Add(1)
-		go sc.handle(f)
+		go sc.handle(f, reserve)
 	}
 }
 
@@ -422,7 +432,7 @@ func (sc *serverConn) readFailed(err error, first bool) {
 }
 
 // handle runs the Handler for request f and queues the response.
-func (sc *serverConn) handle(f Frame) {
+func (sc *serverConn) handle(f Frame, reserved int) {
 	s := sc.s
 	defer func() {
 		<-sc.slots
@@ -445,7 +455,10 @@ func (sc *serverConn) handle(f Frame) {
 	// The response is copied into a frame only once the budget has room
 	// for it; until then it is the handler's slice, held here.
 	charge := min(len(resp.Payload)+len(resp.Message), s.cfg.MaxFrameSize) + frameOverhead
-	if !sc.budget.acquire(charge, sc.ctx.Done()) {
+	if charge <= reserved {
+		sc.budget.release(reserved - charge)
+	} else if !sc.budget.acquire(charge-reserved, sc.ctx.Done()) {
+		sc.budget.release(reserved)
 		return
 	}
 	buf := getBuf()
