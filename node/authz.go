@@ -41,8 +41,8 @@ func (n *Node) authzOff() bool { return n.hooks.unsafeNoAuthz }
 // checkKnown applies authz.Known: with identity, the caller must be a
 // member of the layout or of the gossip mesh.
 func (n *Node) checkKnown(c authz.Caller) error {
-	if n.authzOff() {
-		return nil
+	if n.authzOff() || c.Anonymous() {
+		return nil // nothing to check, and every request passes here
 	}
 	var v authz.View
 	if p := n.placement.Load(); p != nil {
