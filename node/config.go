@@ -14,8 +14,15 @@ import (
 
 	"github.com/lni/vfs"
 
+	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/transport"
 )
+
+// MaxSessionTTL is the longest session TTL a peer accepts: a session
+// whose holder died keeps its locks for its TTL, so a longer one would
+// hold keys for ever in all but name. Every peer refuses to open a
+// longer session, whoever asks (docs/SECURITY.md).
+const MaxSessionTTL = authz.MaxSessionTTL
 
 // Defaults used where a Config field is zero.
 const (
@@ -301,6 +308,9 @@ func (c Config) validate(raftInMemory bool) error {
 	// every session.
 	if c.SessionTTL < 40*c.RTT {
 		return bad("SessionTTL %v must be at least 40 RTT (%v)", c.SessionTTL, 40*c.RTT)
+	}
+	if c.SessionTTL > MaxSessionTTL {
+		return bad("SessionTTL %v is above MaxSessionTTL (%v): peers refuse longer sessions", c.SessionTTL, MaxSessionTTL)
 	}
 	if c.LeaseMargin <= 0 || c.LeaseMargin >= c.SessionTTL/2 {
 		return bad("LeaseMargin %v must be positive and below half the SessionTTL", c.LeaseMargin)

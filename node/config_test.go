@@ -39,6 +39,7 @@ func TestConfigValidate(t *testing.T) {
 		{"too many shards", func(c *Config) { c.Shards = 5000 }, "Shards"},
 		{"rf too large", func(c *Config) { c.ReplicationFactor = 10 }, "ReplicationFactor"},
 		{"ttl too short", func(c *Config) { c.SessionTTL = 100 * time.Millisecond }, "SessionTTL"},
+		{"ttl above the peers' limit", func(c *Config) { c.SessionTTL = 2 * time.Hour }, "SessionTTL 2h0m0s is above MaxSessionTTL (1h0m0s)"},
 		{"margin too large", func(c *Config) { c.LeaseMargin = 6 * time.Second }, "LeaseMargin"},
 		{"bad gossip key", func(c *Config) { c.GossipKey = []byte("short") }, "GossipKey"},
 		{"rtt too small", func(c *Config) { c.RTT = time.Microsecond }, "RTT"},

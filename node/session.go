@@ -38,7 +38,8 @@ type sessionOptions struct {
 
 // WithTTL sets the session's time to live: how long the cluster keeps its
 // locks after its keepalives stop (a crash, a partition). It must be at
-// least 40 RTT and more than twice Config.LeaseMargin. The default is
+// least 40 RTT and more than twice Config.LeaseMargin, and at most
+// MaxSessionTTL. The default is
 // Config.SessionTTL. A holder gives its lease up Config.LeaseMargin, or a
 // tenth of the TTL if that is longer, before the TTL runs out.
 func WithTTL(d time.Duration) SessionOption {
@@ -56,6 +57,9 @@ func (n *Node) NewSession(ctx context.Context, opts ...SessionOption) (*Session,
 	}
 	if min := max(40*n.cfg.RTT, 2*n.cfg.LeaseMargin+time.Millisecond); o.ttl < min {
 		return nil, fmt.Errorf("%w: session TTL %v is below %v (40 RTT, and more than twice LeaseMargin)", ErrInvalidConfig, o.ttl, min)
+	}
+	if o.ttl > MaxSessionTTL {
+		return nil, fmt.Errorf("%w: session TTL %v is above MaxSessionTTL (%v): peers refuse longer sessions", ErrInvalidConfig, o.ttl, MaxSessionTTL)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

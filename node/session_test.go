@@ -164,4 +164,7 @@ func TestNewSessionRefusesABadTTL(t *testing.T) {
 	if _, err := n.NewSession(ctxT(t, time.Second), WithTTL(100*time.Millisecond)); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("TTL below 40 RTT: %v", err)
 	}
+	if _, err := n.NewSession(ctxT(t, time.Second), WithTTL(MaxSessionTTL+time.Millisecond)); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("TTL above MaxSessionTTL: %v", err)
+	}
 }
