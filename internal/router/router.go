@@ -180,12 +180,22 @@ func (r *Router) ProposalTimeout() time.Duration { return max(10*r.cfg.RTT, 500*
 func (r *Router) Propose(ctx context.Context, shard uint64, cmd lockfsm.Command) (*RequestState, error) {
 	// On the leader's peer, commands join those forwarded by other peers
 	// in the local batcher: one entry for all of them.
-	local := r.host.Hosts(shard) && r.LeaderGuess(shard) == r.cfg.Name
+	// A leader's own commands (LeaderTerm, ExpireSession) always go
+	// through its own replica: hosts refuse them from the network, and
+	// the term they carry decides whether they apply.
+	local := r.host.Hosts(shard) && (r.LeaderGuess(shard) == r.cfg.Name || leaderOnly(cmd.Op))
 	b, err := r.batcherFor(shard, local)
 	if err != nil {
 		return nil, err
 	}
 	return b.enqueue(ctx, cmd)
+}
+
+// leaderOnly reports whether op is proposed only by a shard's leader on
+// its own replica, never forwarded (internal/authz refuses it from the
+// network).
+func leaderOnly(op lockfsm.Op) bool {
+	return op == lockfsm.OpLeaderTerm || op == lockfsm.OpExpireSession
 }
 
 // Apply runs cmd on shard and returns its result: Propose, retried with

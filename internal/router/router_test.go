@@ -328,6 +328,40 @@ func TestForwardingFailsOverAndLearnsTheLeader(t *testing.T) {
 	}
 }
 
+// A leader's own commands go through its own replica even when its view
+// names another leader: hosts refuse them from the network, and the term
+// they carry decides whether they apply. Other commands are forwarded.
+func TestLeaderOnlyCommandsStayLocal(t *testing.T) {
+	p := threePeers()
+	b, _ := p.ReplicaID(shard, "b")
+	h := &fakeHost{p: p, leader: b, hosted: true}
+	peers := &fakePeers{f: func(string, []byte) ([]byte, error) { return nil, errors.New("forwarded") }}
+	r := newTestRouter(t, h, peers)
+	for _, cmd := range []lockfsm.Command{
+		{Op: lockfsm.OpLeaderTerm, Term: 7},
+		{Op: lockfsm.OpExpireSession, Session: 1, Term: 7},
+	} {
+		rs, err := r.Propose(context.Background(), shard, cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := <-rs.ResultC(); o.Err != nil {
+			t.Fatalf("%v: %v, want it proposed on the local replica", cmd.Op, o.Err)
+		}
+	}
+	if calls := peers.called(); len(calls) != 0 {
+		t.Fatalf("leader-only commands were forwarded to %v", calls)
+	}
+	rs, err := r.Propose(context.Background(), shard, acquire(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-rs.ResultC()
+	if calls := peers.called(); len(calls) == 0 || calls[0] != "addr-b" {
+		t.Fatalf("an acquire was not forwarded to the leader b: calls %v", calls)
+	}
+}
+
 // The leader hint is used only while the layout has that peer hosting the
 // shard, and a hosting peer trusts its own replica's view first.
 func TestLeaderGuess(t *testing.T) {
