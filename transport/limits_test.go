@@ -382,50 +382,8 @@ func heapInuse() uint64 {
 // reading its requests instead. Once the peer reads, every request is
 // answered.
 func TestUnreadResponsesBounded(t *testing.T) {
-	const n, answerSize = 256, 4 << 20
-	answer := make([]byte, answerSize-64) // shared: the copies queued are what is measured
-	var handled atomic.Int32
-	s := listen(t, transport.Config{IdleTimeout: time.Minute}, func(context.Context, uint8, []byte) ([]byte, error) {
-		handled.Add(1)
-		return answer, nil
-	})
-	before := heapInuse()
-
-	conn := rawConns(t, s.Addr(), "127.0.0.1", 1)[0]
-	var reqs []byte
-	for i := range n {
-		reqs = append(reqs, encode(t, transport.Frame{Kind: transport.KindRequest, ID: uint64(i + 1), Method: 1, Payload: []byte("read")})...)
-	}
-	if _, err := conn.Write(reqs); err != nil {
-		t.Fatal(err)
-	}
-	// Watch the server's heap for a second while the peer does not read.
-	// The window is not a synchronisation: the bound must hold all through
-	// it, and without the budget every request is answered into memory
-	// within a tenth of it.
-	var peak uint64
-	for start := time.Now(); time.Since(start) < time.Second; time.Sleep(20 * time.Millisecond) {
-		peak = max(peak, heapInuse())
-	}
-	grew := int64(peak) - int64(before)
-	t.Logf("%d pipelined requests (%d bytes) with %d MiB answers, none read: %d handled, server heap %+.1f MiB",
-		n, len(reqs), answerSize>>20, handled.Load(), float64(grew)/(1<<20))
-	if limit := int64(64 << 20); grew > limit {
-		t.Errorf("server heap grew %d MiB while the peer did not read, want < %d MiB", grew>>20, limit>>20)
-	}
-
-	// The peer reads now: all n are answered on the same connection.
-	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	br := bufio.NewReaderSize(conn, 64<<10)
-	for i := range n {
-		f, err := transport.ReadFrame(br, transport.DefaultMaxFrameSize)
-		if err != nil {
-			t.Fatalf("answer %d of %d: %v", i+1, n, err)
-		}
-		if f.Kind != transport.KindResponse || len(f.Payload) != len(answer) {
-			t.Fatalf("answer %d: kind %d, %d bytes (code %d %q)", i+1, f.Kind, len(f.Payload), f.Code, f.Message)
-		}
-	}
+	answer := make([]byte, 4<<20-64) // shared: the copies queued are what is measured
+	unreadAnswers(t, "shared", transport.Config{IdleTimeout: time.Minute}, func() []byte { return answer })
 }
 
 // Handlers that each make a fresh answer hold it until it is written: with
@@ -434,14 +392,26 @@ func TestUnreadResponsesBounded(t *testing.T) {
 // read hold about MaxPendingBytes, not 1 GiB (the review measured ~900 MiB
 // through node's reads); read later, every one is answered.
 func TestAnswerBoundLimitsHandlersAnswers(t *testing.T) {
-	const n, answerSize = 256, 4<<20 - 64
-	var handled atomic.Int32
-	s := listen(t, transport.Config{
+	const answerSize = 4<<20 - 64
+	unreadAnswers(t, "fresh", transport.Config{
 		IdleTimeout: time.Minute,
 		AnswerBound: func(uint8, []byte) int { return answerSize },
-	}, func(context.Context, uint8, []byte) ([]byte, error) {
+	}, func() []byte { return make([]byte, answerSize) }) // as a read's answer is
+}
+
+// unreadAnswers pipelines 256 small requests to a server whose handler
+// answers each with answer(), reads none of the answers while it watches
+// the server's heap for a second, fails if it grew by 64 MiB or more, and
+// then reads every answer. The window is not a synchronisation: the bound
+// must hold all through it, and without the budget every request is
+// answered into memory within a tenth of it.
+func unreadAnswers(t *testing.T, kind string, cfg transport.Config, answer func() []byte) {
+	const n = 256
+	var handled atomic.Int32
+	size := len(answer())
+	s := listen(t, cfg, func(context.Context, uint8, []byte) ([]byte, error) {
 		handled.Add(1)
-		return make([]byte, answerSize), nil // fresh, as a read's answer is
+		return answer(), nil
 	})
 	runtime.GC()
 	before := heapInuse()
@@ -454,19 +424,18 @@ func TestAnswerBoundLimitsHandlersAnswers(t *testing.T) {
 	if _, err := conn.Write(reqs); err != nil {
 		t.Fatal(err)
 	}
-	// As in TestUnreadResponsesBounded, the window only gives the server
-	// time to misbehave: without AnswerBound all 256 handlers answer into
-	// memory within a tenth of it.
 	var peak uint64
 	for start := time.Now(); time.Since(start) < time.Second; time.Sleep(20 * time.Millisecond) {
 		peak = max(peak, heapInuse())
 	}
 	grew := int64(peak) - int64(before)
-	t.Logf("%d pipelined requests with fresh %.1f MiB answers, none read: %d handled, server heap %+.1f MiB",
-		n, float64(answerSize)/(1<<20), handled.Load(), float64(grew)/(1<<20))
+	t.Logf("%d pipelined requests (%d bytes) with %s %.1f MiB answers, none read: %d handled, server heap %+.1f MiB",
+		n, len(reqs), kind, float64(size)/(1<<20), handled.Load(), float64(grew)/(1<<20))
 	if limit := int64(64 << 20); grew > limit {
 		t.Errorf("server heap grew %d MiB while the peer did not read, want < %d MiB", grew>>20, limit>>20)
 	}
+
+	// The peer reads now: all n are answered on the same connection.
 	conn.SetReadDeadline(time.Now().Add(60 * time.Second))
 	br := bufio.NewReaderSize(conn, 64<<10)
 	for i := range n {
@@ -474,7 +443,7 @@ func TestAnswerBoundLimitsHandlersAnswers(t *testing.T) {
 		if err != nil {
 			t.Fatalf("answer %d of %d: %v", i+1, n, err)
 		}
-		if f.Kind != transport.KindResponse || len(f.Payload) != answerSize {
+		if f.Kind != transport.KindResponse || len(f.Payload) != size {
 			t.Fatalf("answer %d: kind %d, %d bytes (code %d %q)", i+1, f.Kind, len(f.Payload), f.Code, f.Message)
 		}
 	}
