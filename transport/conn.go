@@ -108,23 +108,14 @@ func (b *byteBudget) release(n int) {
 // false, charging nothing, if done is closed first.
 func (b *byteBudget) acquire(n int, done <-chan struct{}) bool {
 	b.mu.Lock()
-	b.waiting += int64(n)
 	defer b.mu.Unlock()
-	for b.used > 0 && b.used+int64(n) > b.limit {
-		freed := b.freed
-		b.mu.Unlock()
-		select {
-		case <-freed:
-			b.mu.Lock()
-		case <-done:
-			b.mu.Lock()
-			b.waiting -= int64(n)
-			return false
-		}
-	}
+	b.waiting += int64(n)
+	ok := b.waitLocked(func() bool { return b.used == 0 || b.used+int64(n) <= b.limit }, done)
 	b.waiting -= int64(n)
-	b.used += int64(n)
-	return true
+	if ok {
+		b.used += int64(n)
+	}
+	return ok
 }
 
 // waitRoom waits until the bytes charged and waiting are under the limit,
@@ -133,7 +124,13 @@ func (b *byteBudget) acquire(n int, done <-chan struct{}) bool {
 func (b *byteBudget) waitRoom(done <-chan struct{}) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.used+b.waiting >= b.limit {
+	return b.waitLocked(func() bool { return b.used+b.waiting < b.limit }, done)
+}
+
+// waitLocked waits, b.mu held, until fits reports true after a release,
+// or returns false once done is closed.
+func (b *byteBudget) waitLocked(fits func() bool, done <-chan struct{}) bool {
+	for !fits() {
 		freed := b.freed
 		b.mu.Unlock()
 		select {
