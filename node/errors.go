@@ -48,16 +48,24 @@ var (
 	ErrStaleToken = errors.New("lockmesh: stale fencing token")
 )
 
-// HaltError says where and why a replica stopped applying its shard's log.
-// It wraps ErrReplicaHalted and the decoding error.
+// HaltError says where and why a replica stopped applying its shard's log:
+// at an entry, or at a snapshot, it could not read. It wraps
+// ErrReplicaHalted and the decoding error.
 type HaltError struct {
-	Shard   uint64 // the shard (1 is the meta shard)
-	Index   uint64 // the log index of the entry it could not apply
-	Version byte   // the entry's format version byte
-	Err     error  // why it could not be decoded
+	Shard uint64 // the shard (1 is the meta shard)
+	// Index is the log index of the entry it could not apply, or of the
+	// snapshot it could not load (0 if dragonboat did not say).
+	Index    uint64
+	Version  byte  // the entry's or snapshot's format version byte
+	Snapshot bool  // it halted at a snapshot, not at an entry
+	Err      error // why it could not be decoded
 }
 
 func (e *HaltError) Error() string {
+	if e.Snapshot {
+		return fmt.Sprintf("lockmesh: replica halted: shard %d could not load the snapshot at log index %d (snapshot format version %d): %v; "+
+			"upgrade this peer: its replica loads the snapshot from its data dir once it can read it", e.Shard, e.Index, e.Version, e.Err)
+	}
 	return fmt.Sprintf("lockmesh: replica halted: shard %d stopped applying at log index %d (entry format version %d): %v; "+
 		"upgrade this peer: its replica replays the entry from its log once it can read it", e.Shard, e.Index, e.Version, e.Err)
 }
