@@ -34,10 +34,11 @@ var (
 	// ErrUnavailable means the shard owning a key could not be reached before
 	// the context ended: not enough peers are up or the network is cut.
 	ErrUnavailable = lockerr.Unavailable
-	// ErrReplicaHalted means a replica of the shard met a log entry it
-	// cannot decode or does not understand (written by a newer release)
-	// and stopped applying, rather than skip it and diverge. Calls retry on
-	// other replicas; upgrade the peer, and its replica replays the entry.
+	// ErrReplicaHalted means a replica of the shard met a log entry or a
+	// snapshot it cannot decode or does not understand (written by a newer
+	// release) and stopped applying, rather than skip it and diverge. Calls
+	// retry on other replicas; upgrade the peer, and its replica replays
+	// the entry or loads the snapshot.
 	ErrReplicaHalted = lockerr.ReplicaHalted
 	// ErrIncompatible means this peer and the cluster (or another peer) have
 	// no protocol version or feature level in common; the message names
