@@ -3,6 +3,7 @@ package lockfsm
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -142,6 +143,37 @@ func TestLoadRejectsCorruptSnapshots(t *testing.T) {
 	s.Save(&buf)
 	if err := New().Load(&buf); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "unknown session") {
 		t.Errorf("Load of an inconsistent snapshot: %v", err)
+	}
+}
+
+// A snapshot from a newer release (a version byte above SnapshotVersion) is
+// refused, naming its version and the ones this release reads, and leaves
+// the state as it was; Save refuses to write a format it does not know.
+func TestLoadRefusesNewerSnapshotVersion(t *testing.T) {
+	c := newChecker()
+	c.apply(Command{Op: OpOpenSession, Owner: "na", TTLMillis: 100})
+	before := snapshot(t, c.s)
+	newer := slices.Clone(before)
+	newer[0] = SnapshotVersion + 1
+	err := c.s.Load(bytes.NewReader(newer))
+	if !errors.Is(err, ErrVersion) {
+		t.Fatalf("Load of a version %d snapshot: %v, want ErrVersion", SnapshotVersion+1, err)
+	}
+	for _, want := range []string{fmt.Sprintf("got version %d", SnapshotVersion+1), fmt.Sprintf("reads %d to %d", MinVersion, SnapshotVersion)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if after := snapshot(t, c.s); !bytes.Equal(before, after) {
+		t.Error("a refused snapshot changed the state")
+	}
+
+	var buf bytes.Buffer
+	if err := c.s.SaveFormat(&buf, SnapshotVersion+1); !errors.Is(err, ErrVersion) || buf.Len() != 0 {
+		t.Fatalf("SaveFormat(%d): %v, %d bytes written; want ErrVersion and nothing", SnapshotVersion+1, err, buf.Len())
+	}
+	if err := c.s.SaveFormat(&buf, SnapshotVersion); err != nil || !bytes.Equal(buf.Bytes(), before) {
+		t.Fatalf("SaveFormat(%d) = %v, or bytes differ from Save's", SnapshotVersion, err)
 	}
 }
 

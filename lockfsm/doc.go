@@ -83,7 +83,10 @@
 // field or op is a new tag, not a new layout. A decoder that meets a
 // version, op or field tag it does not know fails (ErrVersion,
 // ErrUnsupported): the caller must stop applying the log there, never skip
-// the entry, since replicas that understand it would apply it and diverge.
+// the entry, since replicas that understand it would apply it and diverge;
+// the same holds for a snapshot Load refuses. SaveFormat writes a snapshot
+// in the format the caller names (the one its cluster's feature level
+// allows), so that a replica of an older release at that level can load it.
 // Decoders take untrusted input: they never panic, bound every
 // size (MaxEntrySize, MaxBatch, MaxKeyLen, MaxOwnerLen, MaxErrLen,
 // MaxSnapshotSize) and check container lengths against the input left before

@@ -29,8 +29,9 @@ const (
 	// snapshots written by earlier releases stay readable after an upgrade.
 	MinVersion = 1
 
-	// SnapshotVersion is the format of snapshots Save writes; Load reads
-	// MinVersion to SnapshotVersion. Version 2 added the leader term.
+	// SnapshotVersion is the format of snapshots Save writes, and the only
+	// one SaveFormat writes; Load reads MinVersion to SnapshotVersion.
+	// Version 2 added the leader term; every feature level reads it.
 	SnapshotVersion = 2
 	// ResultVersion is the format of result batches EncodeResults writes;
 	// DecodeResults reads MinVersion to ResultVersion. Results travel back

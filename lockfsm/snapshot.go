@@ -11,8 +11,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Snapshot format (SnapshotVersion 2): the version byte, then one canonical msgpack
-// array (see the wire format in codec.go):
+// Snapshot format (SnapshotVersion 2, written at every feature level this
+// release speaks): the version byte, then one canonical msgpack array (see
+// the wire format in codec.go):
 //
 //	[index, lastToken, term, sessions, keys]
 //	session: [id, owner, ttlMillis, ack, attempts]   sessions sorted by id
@@ -39,11 +40,23 @@ const (
 	waiterFields     = 2
 )
 
-// Save writes the canonical snapshot of the state to w. The bytes depend
-// only on the state, never on map order or history.
-func (s *State) Save(w io.Writer) error {
+// Save writes the canonical snapshot of the state to w in the newest
+// format, SnapshotVersion. The bytes depend only on the state, never on map
+// order or history.
+func (s *State) Save(w io.Writer) error { return s.SaveFormat(w, SnapshotVersion) }
+
+// SaveFormat writes the canonical snapshot of the state to w in the given
+// snapshot format: a cluster writes the format its feature level allows, so
+// that every replica it may send the snapshot to can load it. This release
+// writes one format, SnapshotVersion (2), which every feature level it
+// speaks reads; any other format is refused with ErrVersion before
+// anything is written. A later format is added here.
+func (s *State) SaveFormat(w io.Writer, format byte) error {
+	if format != SnapshotVersion {
+		return fmt.Errorf("lockfsm: save snapshot: %w: format %d, this release writes only %d", ErrVersion, format, SnapshotVersion)
+	}
 	bw := bufio.NewWriter(w)
-	if err := bw.WriteByte(SnapshotVersion); err != nil {
+	if err := bw.WriteByte(format); err != nil {
 		return fmt.Errorf("lockfsm: save snapshot: %w", err)
 	}
 	e := stickyEncoder{e: msgpack.NewEncoder(bw)}

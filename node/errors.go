@@ -34,10 +34,11 @@ var (
 	// ErrUnavailable means the shard owning a key could not be reached before
 	// the context ended: not enough peers are up or the network is cut.
 	ErrUnavailable = lockerr.Unavailable
-	// ErrReplicaHalted means a replica of the shard met a log entry it
-	// cannot decode or does not understand (written by a newer release)
-	// and stopped applying, rather than skip it and diverge. Calls retry on
-	// other replicas; upgrade the peer, and its replica replays the entry.
+	// ErrReplicaHalted means a replica of the shard met a log entry or a
+	// snapshot it cannot decode or does not understand (written by a newer
+	// release) and stopped applying, rather than skip it and diverge. Calls
+	// retry on other replicas; upgrade the peer, and its replica replays
+	// the entry or loads the snapshot.
 	ErrReplicaHalted = lockerr.ReplicaHalted
 	// ErrIncompatible means this peer and the cluster (or another peer) have
 	// no protocol version or feature level in common; the message names
@@ -48,16 +49,24 @@ var (
 	ErrStaleToken = errors.New("lockmesh: stale fencing token")
 )
 
-// HaltError says where and why a replica stopped applying its shard's log.
-// It wraps ErrReplicaHalted and the decoding error.
+// HaltError says where and why a replica stopped applying its shard's log:
+// at an entry, or at a snapshot, it could not read. It wraps
+// ErrReplicaHalted and the decoding error.
 type HaltError struct {
-	Shard   uint64 // the shard (1 is the meta shard)
-	Index   uint64 // the log index of the entry it could not apply
-	Version byte   // the entry's format version byte
-	Err     error  // why it could not be decoded
+	Shard uint64 // the shard (1 is the meta shard)
+	// Index is the log index of the entry it could not apply, or of the
+	// snapshot it could not load (0 if dragonboat did not say).
+	Index    uint64
+	Version  byte  // the entry's or snapshot's format version byte
+	Snapshot bool  // it halted at a snapshot, not at an entry
+	Err      error // why it could not be decoded
 }
 
 func (e *HaltError) Error() string {
+	if e.Snapshot {
+		return fmt.Sprintf("lockmesh: replica halted: shard %d could not load the snapshot at log index %d (snapshot format version %d): %v; "+
+			"upgrade this peer: its replica loads the snapshot from its data dir once it can read it", e.Shard, e.Index, e.Version, e.Err)
+	}
 	return fmt.Sprintf("lockmesh: replica halted: shard %d stopped applying at log index %d (entry format version %d): %v; "+
 		"upgrade this peer: its replica replays the entry from its log once it can read it", e.Shard, e.Index, e.Version, e.Err)
 }

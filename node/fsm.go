@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,7 +29,16 @@ type lockSM struct {
 	// maxFormat is the newest command format this replica reads:
 	// lockfsm.Version, or older for a peer held at an older feature level.
 	maxFormat byte
-	halt      halter
+	// maxSnapshot, when not 0, is the newest snapshot format this replica
+	// loads, older than lockfsm.SnapshotVersion: a peer held back by a test
+	// (testHooks.holdSnapshot) to play an older release.
+	maxSnapshot byte
+	// snapshotFormat is the snapshot format to save in: the one of the
+	// cluster's feature level (snapshotFormat of Node.clusterLevel), so
+	// that any replica the snapshot is sent to can load it. nil saves
+	// lockfsm.SnapshotVersion.
+	snapshotFormat func() byte
+	halt           halter
 }
 
 // resultHalted is the Value of an entry a replica did not apply because
@@ -82,23 +92,43 @@ func (s *lockSM) decode(cmd []byte) ([]lockfsm.Command, error) {
 	return lockfsm.DecodeCommands(cmd)
 }
 
-// halter makes a replica fail-stop at the first entry it cannot decode or
-// does not understand. Skipping the entry would diverge from replicas that
-// apply it; so the state machine applies nothing from there on, answers
-// no reads, saves no snapshot (so the entry stays in the log), and onStop
-// stops the replica. A peer that can read the entry (an upgraded one)
-// replays it from the log when it restarts. dragonboat serialises Update,
-// Lookup and SaveSnapshot with the state machine's lock, so err needs no
-// lock of its own.
+// halter makes a replica fail-stop at the first entry or snapshot it
+// cannot decode or does not understand. Skipping the entry would diverge
+// from replicas that apply it; so the state machine applies nothing from
+// there on, answers no reads, saves no snapshot (so the entry stays in the
+// log), loads no later snapshot, and onStop stops the replica. A peer that
+// can read the entry (an upgraded one) replays it from the log when it
+// restarts; a snapshot it could not load stays in its data dir and is
+// loaded at that start. dragonboat serialises Update, Lookup,
+// SaveSnapshot and RecoverFromSnapshot with the state machine's lock, so
+// err needs no lock of its own.
 type halter struct {
-	err    *HaltError
-	onStop func(*HaltError) // called once, on the apply goroutine: must not block
+	err *HaltError
+	// onStop is called once, on dragonboat's apply or snapshot goroutine:
+	// it must not block.
+	onStop func(*HaltError)
+	// snapshotIndex returns the log index of the snapshot being loaded,
+	// for the halt error; nil, or 0, when it is not known.
+	snapshotIndex func() uint64
 }
 
 func (h *halter) stop(shard uint64, e sm.Entry, cause error) *HaltError {
 	h.err = &HaltError{Shard: shard, Index: e.Index, Err: cause}
 	if len(e.Cmd) > 0 {
 		h.err.Version = e.Cmd[0]
+	}
+	if h.onStop != nil {
+		h.onStop(h.err)
+	}
+	return h.err
+}
+
+// stopSnapshot halts at a snapshot the replica cannot load: version is its
+// first byte, cause why it does not load.
+func (h *halter) stopSnapshot(shard uint64, version byte, cause error) *HaltError {
+	h.err = &HaltError{Shard: shard, Version: version, Snapshot: true, Err: cause}
+	if h.snapshotIndex != nil {
+		h.err.Index = h.snapshotIndex()
 	}
 	if h.onStop != nil {
 		h.onStop(h.err)
@@ -171,21 +201,64 @@ func (s *lockSM) Lookup(q any) (any, error) {
 	return a, nil
 }
 
+// SaveSnapshot writes the state in the snapshot format of the cluster's
+// feature level. That level comes from the layout this peer holds, not
+// from the replicated state, so replicas may save in different formats
+// while a raise spreads; that is safe because every format a level writes
+// is read by every release at that level and every later one, and a peer
+// holds a level only after the meta shard committed it, which needs every
+// peer of the layout to speak it. Snapshots need not be equal bytes across
+// replicas: each replica saves its own, and only the state is compared.
 func (s *lockSM) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan struct{}) error {
 	if err := s.halt.check(); err != nil {
 		return err
 	}
-	return s.state.Save(w)
+	format := byte(lockfsm.SnapshotVersion)
+	if s.snapshotFormat != nil {
+		format = s.snapshotFormat()
+	}
+	return s.state.SaveFormat(w, format)
 }
 
+// RecoverFromSnapshot loads a snapshot, or halts the replica when it
+// cannot: a format newer than it reads, a shape it does not know, or a
+// failed read. It returns nil either way, because dragonboat panics the
+// whole process on any other error than sm.ErrSnapshotStopped, and takes
+// that one for a recovery aborted by a stopping replica: its applied index
+// stays before the snapshot, whose entries its log may no longer hold.
+// With nil, dragonboat counts the snapshot as applied, and the halted
+// state machine then answers as after an unreadable entry: Update applies
+// nothing (resultHalted), Lookup fails with the HaltError, SaveSnapshot is
+// aborted (so no snapshot of the state it does not have is ever written),
+// and onStop stops the replica keeping its data. The snapshot stays in
+// the data dir, and a peer that can read it loads it at its next start.
 func (s *lockSM) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
-	return s.state.Load(r)
+	if s.halt.err != nil {
+		return nil // halted before: it loads nothing more
+	}
+	br := bufio.NewReader(r)
+	var version byte
+	if b, err := br.Peek(1); err == nil {
+		version = b[0]
+	}
+	var err error
+	if s.maxSnapshot != 0 && version > s.maxSnapshot {
+		err = fmt.Errorf("%w: snapshot format %d is newer than %d, the newest this peer is held to", lockfsm.ErrVersion, version, s.maxSnapshot)
+	} else {
+		err = s.state.Load(br)
+	}
+	if err != nil {
+		s.halt.stopSnapshot(s.shard, version, err)
+	}
+	return nil
 }
 
 func (s *lockSM) Close() error { return nil }
 
 // metaSM is the meta shard's state machine: the latest placement, replaced
-// only by its successor (epoch + 1).
+// only by its successor (epoch + 1). Its snapshots are written in the
+// format of the level the placement records (metaSnapshotFormat), and one
+// it cannot load halts it as lockSM.RecoverFromSnapshot does.
 type metaSM struct {
 	epoch     uint64
 	placement []byte
@@ -233,34 +306,135 @@ func (m *metaSM) Lookup(any) (any, error) {
 	return append([]byte(nil), m.placement...), nil
 }
 
+// Meta snapshot formats. Both hold the epoch and the encoded placement
+// (layout.Encode, with its own version byte), big endian:
+//
+//	version 1: [epoch uint64][n uint32][placement, n bytes]
+//	version 2: [2][epoch uint64][n uint32][placement, n bytes]
+//
+// Version 1, from before meta snapshots had a version byte, is told from
+// the others by its first byte, the top byte of the epoch: 0 for every
+// epoch below 2^56, and the epoch grows by one per committed layout, so it
+// never gets there. Every later version starts with its version byte,
+// which is never 0, so a first byte of 0 is version 1, one of a version
+// this release knows is that version, and any other is a newer format the
+// replica halts on (or a version-1 snapshot whose epoch passed 2^56, which
+// no cluster reaches).
+const (
+	metaSnapshotV1 byte = 1
+	metaSnapshotV2 byte = 2
+	// metaSnapshotHeader is the size of version 1's epoch and length.
+	metaSnapshotHeader = 12
+)
+
+// metaSnapshotFormat is the meta snapshot format a cluster at level writes.
+// Releases before this one, which speak levels 1 and 2, read only version
+// 1, so both levels write it; version 2 is written from the first level
+// that only releases reading it speak (a later release adds that level).
+func metaSnapshotFormat(level uint8) byte {
+	_ = level
+	return metaSnapshotV1
+}
+
+// encodeMetaSnapshot is the meta snapshot of epoch and placement in
+// format.
+func encodeMetaSnapshot(format byte, epoch uint64, placement []byte) ([]byte, error) {
+	var b []byte
+	switch format {
+	case metaSnapshotV1:
+		if epoch>>56 != 0 {
+			return nil, fmt.Errorf("meta snapshot: epoch %d does not fit version 1", epoch)
+		}
+	case metaSnapshotV2:
+		b = append(b, metaSnapshotV2)
+	default:
+		return nil, fmt.Errorf("meta snapshot: format %d, this release writes %d and %d", format, metaSnapshotV1, metaSnapshotV2)
+	}
+	b = binary.BigEndian.AppendUint64(b, epoch)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(placement)))
+	return append(b, placement...), nil
+}
+
+// decodeMetaSnapshot reads a meta snapshot of any format this release
+// knows, returning its format, epoch and placement. The placement must
+// decode (layout.Decode): one of an unknown layout version, or that this
+// release finds invalid, was written by a newer release.
+func decodeMetaSnapshot(b []byte) (format byte, epoch uint64, placement []byte, err error) {
+	if len(b) == 0 {
+		return 0, 0, nil, errors.New("meta snapshot: empty")
+	}
+	body := b
+	switch b[0] {
+	case 0:
+		format = metaSnapshotV1
+	case metaSnapshotV2:
+		format, body = metaSnapshotV2, b[1:]
+	default:
+		return b[0], 0, nil, fmt.Errorf("meta snapshot: unknown version %d, this release reads %d and %d (written by a newer release? upgrade this peer)",
+			b[0], metaSnapshotV1, metaSnapshotV2)
+	}
+	if len(body) < metaSnapshotHeader {
+		return format, 0, nil, fmt.Errorf("meta snapshot: version %d: %d bytes, shorter than its header", format, len(b))
+	}
+	epoch = binary.BigEndian.Uint64(body[:8])
+	n := binary.BigEndian.Uint32(body[8:metaSnapshotHeader])
+	if uint64(n) != uint64(len(body)-metaSnapshotHeader) {
+		return format, 0, nil, fmt.Errorf("meta snapshot: version %d: placement of %d bytes, %d follow", format, n, len(body)-metaSnapshotHeader)
+	}
+	placement = body[metaSnapshotHeader:]
+	if len(placement) > 0 {
+		if _, err := layout.Decode(placement); err != nil {
+			return format, 0, nil, fmt.Errorf("meta snapshot: version %d: %w", format, err)
+		}
+	} else if epoch != 0 {
+		return format, 0, nil, fmt.Errorf("meta snapshot: version %d: epoch %d without a placement", format, epoch)
+	}
+	return format, epoch, placement, nil
+}
+
+// SaveSnapshot writes the epoch and placement in the format of the level
+// the placement records: replicated state, so every replica picks the same.
 func (m *metaSM) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan struct{}) error {
 	if err := m.halt.check(); err != nil {
 		return err
 	}
-	var hdr [12]byte
-	binary.BigEndian.PutUint64(hdr[:8], m.epoch)
-	binary.BigEndian.PutUint32(hdr[8:], uint32(len(m.placement)))
-	if _, err := w.Write(hdr[:]); err != nil {
+	// m.placement decoded when it was applied or loaded; nil is level 1.
+	p, _ := layout.Decode(m.placement)
+	b, err := encodeMetaSnapshot(metaSnapshotFormat(levelOf(p)), m.epoch, m.placement)
+	if err != nil {
 		return err
 	}
-	_, err := w.Write(m.placement)
+	_, err = w.Write(b)
 	return err
 }
 
+// RecoverFromSnapshot loads a meta snapshot, or halts the replica on one
+// it cannot load (an unknown snapshot or placement version, a shape it does
+// not read, a failed read), returning nil as lockSM.RecoverFromSnapshot
+// does and for the same reasons.
 func (m *metaSM) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
-	var hdr [12]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return err
+	if m.halt.err != nil {
+		return nil // halted before: it loads nothing more
 	}
-	n := binary.BigEndian.Uint32(hdr[8:])
-	if n > maxBodySize {
-		return errors.New("meta snapshot: placement too large")
+	b, err := io.ReadAll(io.LimitReader(r, 1+metaSnapshotHeader+maxBodySize+1))
+	var version byte
+	if len(b) > 0 {
+		version = b[0]
 	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return err
+	if err != nil {
+		m.halt.stopSnapshot(metaShardID, version, fmt.Errorf("meta snapshot: %w", err))
+		return nil
 	}
-	m.epoch, m.placement = binary.BigEndian.Uint64(hdr[:8]), buf
+	if len(b) > 1+metaSnapshotHeader+maxBodySize {
+		m.halt.stopSnapshot(metaShardID, version, errors.New("meta snapshot: placement too large"))
+		return nil
+	}
+	format, epoch, placement, err := decodeMetaSnapshot(b)
+	if err != nil {
+		m.halt.stopSnapshot(metaShardID, format, err)
+		return nil
+	}
+	m.epoch, m.placement = epoch, placement
 	return nil
 }
 

@@ -42,6 +42,10 @@ type testHooks struct {
 	// feature level is holdLevel: it gossips that as its newest version and
 	// its replicas halt on entries of newer formats (mixed-version tests).
 	holdLevel uint8
+	// holdSnapshot, when set, makes this peer's lock replicas load
+	// snapshots of formats up to holdSnapshot only, as a release that does
+	// not know newer ones: they halt on any other (mixed-version tests).
+	holdSnapshot byte
 	// dropCancels, when set and returning true, makes the withdrawal of an
 	// abandoned lock attempt fail without being proposed, as one that
 	// cannot commit in time does.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/raftio"
+	pb "github.com/lni/dragonboat/v4/raftpb"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
 	"github.com/lockmesh/lockmesh/internal/client"
@@ -410,7 +411,7 @@ func (n *Node) adopt(p *layout.Placement) error {
 // ran before, else as an initial member or by joining the running shard.
 // It returns the *HaltError of a replica that halted here.
 func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica) error {
-	halt := halter{onStop: n.haltReplica}
+	halt := halter{onStop: n.haltReplica, snapshotIndex: func() uint64 { return n.snapshotIndex(shard) }}
 	var create sm.CreateStateMachineFunc
 	if shard == metaShardID {
 		create = func(uint64, uint64) sm.IStateMachine { return &metaSM{halt: halt} }
@@ -418,7 +419,8 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 		create = func(uint64, uint64) sm.IStateMachine {
 			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants,
 				onApply: n.hooks.onApply, skipTermCheck: n.hooks.unsafeSkipExpiryTerm,
-				maxFormat: commandFormat(n.topLevel()), halt: halt}
+				maxFormat: commandFormat(n.topLevel()), maxSnapshot: n.hooks.holdSnapshot,
+				snapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, halt: halt}
 		}
 	}
 	return n.replicas.Start(p, shard, r, create)
@@ -433,10 +435,34 @@ func (n *Node) stopReplica(shard uint64) { n.replicas.Remove(n.ctx, shard) }
 // and an upgraded peer replays it at its next start. It runs on
 // dragonboat's apply goroutine and does not block.
 func (n *Node) haltReplica(he *HaltError) {
-	n.log.Error("replica stopped: it cannot read an entry of its shard's log", "shard", he.Shard,
-		"index", he.Index, "format_version", he.Version, "err", he.Err,
-		"fix", "upgrade this peer; its replica replays the entry from the log at the next start")
+	if he.Snapshot {
+		n.log.Error("replica stopped: it cannot load a snapshot of its shard", "shard", he.Shard,
+			"index", he.Index, "format_version", he.Version, "err", he.Err,
+			"fix", "upgrade this peer; its replica loads the snapshot from its data dir at the next start")
+	} else {
+		n.log.Error("replica stopped: it cannot read an entry of its shard's log", "shard", he.Shard,
+			"index", he.Index, "format_version", he.Version, "err", he.Err,
+			"fix", "upgrade this peer; its replica replays the entry from the log at the next start")
+	}
 	n.replicas.Halt(he.Shard, he)
+}
+
+// snapshotIndex is the log index of the newest snapshot dragonboat holds
+// for this peer's replica of shard: the one a replica that halts while
+// loading a snapshot was loading. 0 if there is none. It is called on
+// dragonboat's snapshot goroutine and takes only the NodeHost's and the
+// log reader's locks, which nothing holds while waiting for that goroutine.
+func (n *Node) snapshotIndex(shard uint64) uint64 {
+	lr, err := n.nh.GetLogReader(shard)
+	if err != nil {
+		return 0
+	}
+	ss := lr.Snapshot()
+	if pb.IsEmptySnapshot(ss) {
+		return 0
+	}
+	defer func() { _ = ss.Unref() }()
+	return ss.Index
 }
 
 // haltedShard returns why this peer's replica of shard halted, or nil.

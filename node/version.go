@@ -32,6 +32,16 @@ func commandFormat(level uint8) byte {
 	return lockfsm.FormatPositional
 }
 
+// snapshotFormat is the lockfsm snapshot format a cluster at level writes.
+// Snapshot version 2 came with command format 2 (both added the leader
+// term), so every release at level 1 reads it, and level 2 added no
+// snapshot format: it is 2 at every level this release speaks. A level
+// that adds a snapshot format maps to it here, and lower levels keep 2.
+func snapshotFormat(level uint8) byte {
+	_ = level
+	return 2
+}
+
 // topLevel is the newest level this peer speaks: maxLevel, or lower when a
 // test holds the peer back to play an older release.
 func (n *Node) topLevel() uint8 {

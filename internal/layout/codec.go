@@ -80,8 +80,11 @@ func (m sortedReplicas) EncodeMsgpack(e *msgpack.Encoder) error {
 // Decode never panics, whatever b holds, and allocates in proportion to
 // len(b).
 func Decode(b []byte) (*Placement, error) {
-	if len(b) == 0 || b[0] != version {
-		return nil, errors.New("placement: unknown version")
+	if len(b) == 0 {
+		return nil, errors.New("placement: unknown version: empty")
+	}
+	if b[0] != version {
+		return nil, fmt.Errorf("placement: unknown version %d, this release reads %d (written by a newer release? upgrade this peer)", b[0], version)
 	}
 	if len(b) > maxEncodedSize {
 		return nil, fmt.Errorf("placement: %d bytes is too large", len(b))
