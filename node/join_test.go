@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,10 +75,7 @@ func TestRestartRejoinsThroughKnownPeers(t *testing.T) {
 	// Wait until peer-4 has recorded the other peers, then take its only
 	// seed away for good.
 	for {
-		known, err := p4.node.loadKnownPeers()
-		if err != nil {
-			t.Fatal(err)
-		}
+		known := p4.node.loadKnownPeers()
 		if len(known) >= 3 {
 			break
 		}
@@ -97,6 +96,37 @@ func TestRestartRejoinsThroughKnownPeers(t *testing.T) {
 			t.Fatalf("lock %q on the restarted peer-4, whose seed left: %v", key, err)
 		}
 		l.Release()
+	}
+}
+
+// The known peers file is only a cache of addresses: one torn by a crash
+// (or from a newer release) is ignored with a warning that says it is
+// safe, and the peer starts and serves (issue 18: it refused to start,
+// with an error that did not say the file may be deleted).
+func TestTornKnownPeersFileIsIgnored(t *testing.T) {
+	for name, content := range map[string][]byte{
+		"torn":          {0x82, 0xa1, 0x76},                       // a map cut short
+		"newer release": {0x82, 0xa1, 'v', 0x09, 0xa1, 'a', 0x90}, // version 9
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := newLogRecorder()
+			peers := startClusterWith(t, clusterOpts{peers: 1, rf: 1, shards: 1}, func(_ int, c *Config) {
+				c.Logger = slog.New(rec)
+				if err := c.FS.MkdirAll(c.DataDir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				f, err := c.FS.Create(c.FS.PathJoin(c.DataDir, knownPeersFile))
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.Write(content)
+				f.Close()
+			})
+			lockAndUnlock(t, peers[0].node, "known/a")
+			if !slices.ContainsFunc(rec.warnings(), func(m string) bool { return strings.HasPrefix(m, "ignoring the known peers file") }) {
+				t.Fatalf("no warning about the unreadable file; warnings: %v", rec.warnings())
+			}
+		})
 	}
 }
 

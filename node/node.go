@@ -196,11 +196,7 @@ func (n *Node) open(ctx context.Context) error {
 	if err := n.mesh.SetMeta(meta); err != nil {
 		return err
 	}
-	known, err := n.loadKnownPeers()
-	if err != nil {
-		return err
-	}
-	join := joinAddrs(cfg.Join, known)
+	join := joinAddrs(cfg.Join, n.loadKnownPeers())
 	if len(join) == 0 {
 		return nil
 	}

@@ -82,23 +82,33 @@ func (n *Node) saveKnownPeers(addrs []string) error {
 	return n.writeDurably(knownPeersFile, raw)
 }
 
-// loadKnownPeers reads knownPeersFile; none when it does not exist. A file
-// this version cannot read is an error: the peer would otherwise start
-// without the addresses it may need to find its cluster.
-func (n *Node) loadKnownPeers() ([]string, error) {
+// loadKnownPeers reads knownPeersFile; none when it does not exist. The
+// file is only a cache of gossip addresses, rewritten within a second of
+// the peer seeing its cluster, so one this release cannot read (torn by a
+// crash, or from a newer release) is ignored with a warning that says
+// so, not a reason to refuse to start.
+func (n *Node) loadKnownPeers() []string {
+	path := n.cfg.FS.PathJoin(n.cfg.DataDir, knownPeersFile)
+	ignore := func(why string, err error) []string {
+		n.log.Warn("ignoring the known peers file: it only caches gossip addresses and is rewritten once this peer finds its cluster; Join must name a live peer meanwhile",
+			"file", path, "problem", why, "err", err)
+		return nil
+	}
 	raw, err := n.readSmall(knownPeersFile)
-	if raw == nil || err != nil {
-		return nil, err
+	if err != nil {
+		return ignore("unreadable", err)
+	}
+	if raw == nil {
+		return nil
 	}
 	var kp knownPeers
 	if err := msgpack.Unmarshal(raw, &kp); err != nil {
-		return nil, fmt.Errorf("known peers file %s is corrupt: %w", n.cfg.FS.PathJoin(n.cfg.DataDir, knownPeersFile), err)
+		return ignore("corrupt", err)
 	}
 	if kp.Version < 1 || kp.Version > knownPeersVersion {
-		return nil, fmt.Errorf("known peers file %s has format version %d; this lockmesh reads 1 to %d",
-			n.cfg.FS.PathJoin(n.cfg.DataDir, knownPeersFile), kp.Version, knownPeersVersion)
+		return ignore(fmt.Sprintf("format version %d; this lockmesh reads 1 to %d", kp.Version, knownPeersVersion), nil)
 	}
-	return kp.Addrs, nil
+	return kp.Addrs
 }
 
 // joinAddrs is Config.Join followed by the known peers not already in it.
