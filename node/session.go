@@ -120,7 +120,8 @@ func (s *Session) Close(ctx context.Context) error { return s.o.Close(ctx) }
 // frees its locks when its TTL runs out, and their Done (and the
 // session's) close when the lease can no longer be relied on, as after a
 // crash. Use it to hand the locks' fate to the TTL, for example when this
-// process is about to exit and another will take over.
+// process is about to exit and another will take over. A Close after
+// Orphan still releases the locks at once.
 func (s *Session) Orphan() { s.o.Orphan() }
 
 // The client side of sessions (internal/client) reaches the cluster

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,6 +213,29 @@ func TestOrphanLeavesTheTTLToDecide(t *testing.T) {
 	}
 	if err := o.Close(tc.ctx); err != nil {
 		t.Fatalf("Close of an ended, orphaned Owner: %v", err)
+	}
+	tc.noMoreClosed(t)
+}
+
+// Close after Orphan, while the lease still holds, releases on the
+// cluster as any Close does (issue 18: it released nothing, though the
+// doc said it did); the lock ends with ErrSessionClosed, said once.
+func TestCloseAfterOrphanReleases(t *testing.T) {
+	tc := newTestClient(t, time.Second)
+	o, _ := tc.NewOwner(time.Second)
+	h := tc.hold(t, o, 2, "k")
+	o.Orphan()
+	if err := o.Close(tc.ctx); err != nil {
+		t.Fatalf("Close after Orphan: %v", err)
+	}
+	if got := tc.waitClosed(t, 1); len(got) != 1 {
+		t.Fatalf("closed %v", got)
+	}
+	if !doneNow(h) || !errors.Is(h.Err(), errSessionClosed) {
+		t.Fatalf("after Close: done %v, Err %v", doneNow(h), h.Err())
+	}
+	if msg := h.Err().Error(); strings.Count(msg, "closed") != 1 {
+		t.Fatalf("Err reads %q: it should say closed once", msg)
 	}
 	tc.noMoreClosed(t)
 }

@@ -133,13 +133,11 @@ func (o *Owner) openedLocked() []*Session {
 // then it is closed on every shard it used, which releases its locks and
 // hands them to their next waiters in the same Raft entry. It waits for
 // those closes until ctx ends; a close that has not committed by then goes
-// on in the background, and Close returns an error saying so. An orphaned
-// Owner is only ended here: its TTL decides on the cluster. Idempotent.
+// on in the background, and Close returns an error saying so. Close after
+// Orphan releases what the Owner still holds, as any Close does: Orphan
+// only stopped its keepalives. Idempotent.
 func (o *Owner) Close(ctx context.Context) error {
-	ss := o.end(fmt.Errorf("%w: closed", lockerr.SessionClosed))
-	if o.Orphaned() {
-		return nil
-	}
+	ss := o.end(lockerr.SessionClosed)
 	errs := make(chan error, len(ss))
 	for _, s := range ss {
 		o.c.cfg.Go(func(bg context.Context) { errs <- s.closeOnCluster(bg) })
