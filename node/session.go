@@ -86,7 +86,9 @@ func (s *Session) Done() <-chan struct{} { return s.o.Done() }
 func (s *Session) Err() error { return s.o.Err() }
 
 // Lock takes key for this session; see Node.Lock. It fails with an error
-// wrapping ErrLeaseExpired or ErrSessionClosed once the session has ended.
+// wrapping ErrLeaseExpired or ErrSessionClosed once the session has ended,
+// and at once with ErrAlreadyHeld for a key the session holds (locks are
+// not reentrant).
 func (s *Session) Lock(ctx context.Context, key string) (*Lock, error) {
 	return s.acquire(ctx, key, true)
 }

@@ -168,3 +168,49 @@ func TestNewSessionRefusesABadTTL(t *testing.T) {
 		t.Fatalf("TTL above MaxSessionTTL: %v", err)
 	}
 }
+
+// A Session locking a key it holds fails at once with ErrAlreadyHeld
+// instead of queueing behind itself until ctx ends (issue 18); the node's
+// shared default session still lets a second caller wait for the first.
+func TestSessionLockOfAHeldKeyFailsAtOnce(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 1})
+	n := peers[0].node
+	s, err := n.NewSession(ctxT(t, time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctxT(t, 5*time.Second))
+	l, err := s.Lock(ctxT(t, 5*time.Second), "self")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 30*time.Second) // a self-wait would last until this ends
+	if _, err := s.Lock(ctx, "self"); !errors.Is(err, ErrAlreadyHeld) || ctx.Err() != nil {
+		t.Fatalf("second Lock of a held key: %v (ctx %v), want ErrAlreadyHeld at once", err, ctx.Err())
+	}
+	if _, err := s.TryLock(ctx, "self"); !errors.Is(err, ErrAlreadyHeld) {
+		t.Fatalf("TryLock of a held key: %v, want ErrAlreadyHeld", err)
+	}
+	_ = l.Unlock(ctx)
+
+	held, err := n.Lock(ctx, "shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		l, err := n.Lock(ctx, "shared")
+		if err == nil {
+			l.Release()
+		}
+		second <- err
+	}()
+	pollUntil(t, 10*time.Second, "the second caller queued", func() bool {
+		info, err := n.Inspect(ctx, "shared")
+		return err == nil && len(info.Waiters) == 1
+	})
+	_ = held.Unlock(ctx)
+	if err := <-second; err != nil {
+		t.Fatalf("a second caller of Node.Lock: %v, want it granted after the first unlocked", err)
+	}
+}

@@ -161,6 +161,7 @@ func (c *Client) Default(shard uint64) (*Owner, error) {
 	}
 	o, err := c.newOwnerLocked(c.cfg.SessionTTL)
 	if err == nil {
+		o.shared = true
 		c.defaults[shard] = o
 	}
 	return o, err

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -238,6 +239,35 @@ func TestCloseAfterOrphanReleases(t *testing.T) {
 		t.Fatalf("Err reads %q: it should say closed once", msg)
 	}
 	tc.noMoreClosed(t)
+}
+
+// A key an Owner holds cannot be locked through it again: that would queue
+// behind itself until ctx ended (issue 18). A shared default Owner is
+// every caller of the node, so there the second Lock is another caller's
+// and goes to the cluster.
+func TestLockingAHeldKeyFailsAtOnce(t *testing.T) {
+	tc := newTestClient(t, time.Second)
+	o, _ := tc.NewOwner(time.Second)
+	h := tc.hold(t, o, 2, "k")
+	for _, wait := range []bool{true, false} {
+		if _, _, err := o.Acquire(tc.ctx, 2, "k", wait); !errors.Is(err, lockerr.AlreadyHeld) {
+			t.Fatalf("second Acquire (wait %v) of a held key: %v, want AlreadyHeld", wait, err)
+		}
+	}
+	if err := h.Unlock(tc.ctx); err != nil {
+		t.Fatal(err)
+	}
+	h2 := tc.hold(t, o, 2, "k") // free again after the unlock
+	_ = h2.Unlock(tc.ctx)
+
+	d, err := tc.Default(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.hold(t, d, 2, "d")
+	if _, _, err := d.Acquire(tc.ctx, 2, "d", false); errors.Is(err, lockerr.AlreadyHeld) {
+		t.Fatalf("the shared default Owner refused another caller's TryLock as its own: %v", err)
+	}
 }
 
 // Unlock ends the lock before its release is proposed, and a release that

@@ -42,6 +42,18 @@ func (s *Session) newHeld(key string, req, token uint64) *Held {
 	return h
 }
 
+// holds reports whether s holds key now.
+func (s *Session) holds(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, h := range s.held {
+		if h.key == key {
+			return true
+		}
+	}
+	return false
+}
+
 // Key returns the locked key.
 func (h *Held) Key() string { return h.key }
 
@@ -216,7 +228,9 @@ func (s *Session) release(ctx context.Context, target uint64) (lockfsm.Result, e
 // replicated session there (opened if needed), after this peer's own
 // release of key, if one is in flight, has committed. With wait it queues
 // behind the key's holder and waiters (FIFO) until granted or ctx ends;
-// without, a held or awaited key fails at once with lockerr.Locked.
+// without, a held or awaited key fails at once with lockerr.Locked. A key
+// the Owner holds already fails at once with lockerr.AlreadyHeld, unless
+// the Owner is a shared default one (its other holder is another caller).
 //
 // retry is true, with a nil lock and error, when the Owner's session was
 // lost on the way: the caller starts over in a live Owner, or reports the
@@ -229,6 +243,10 @@ func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool
 			return nil, true, nil
 		}
 		return nil, false, fmt.Errorf("lock %q: %w", key, err)
+	}
+	if !o.shared && s.holds(key) {
+		// It would queue behind itself until ctx ends.
+		return nil, false, fmt.Errorf("lock %q: %w: locks are not reentrant; unlock it first, or lock through another Session", key, lockerr.AlreadyHeld)
 	}
 	if err := s.attempts.AwaitRelease(ctx, key, s.lost); err != nil {
 		return nil, false, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)

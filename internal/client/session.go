@@ -20,6 +20,10 @@ import (
 type Owner struct {
 	c   *Client
 	ttl time.Duration
+	// shared is set for the default Owners node.Lock uses: every goroutine
+	// of the node locks through them, so a second Lock of a held key is
+	// another goroutine queueing behind the first, not a self-wait.
+	shared bool
 
 	mu       sync.Mutex
 	shards   map[uint64]*slot // the replicated session on each shard used

@@ -18,6 +18,7 @@ var (
 	LeaseExpired  = errors.New("lockmesh: lease expired")
 	NotHeld       = errors.New("lockmesh: lock not held")
 	SessionClosed = errors.New("lockmesh: session closed")
+	AlreadyHeld   = errors.New("lockmesh: key already held by this session")
 	Closed        = errors.New("lockmesh: node closed")
 	Unavailable   = errors.New("lockmesh: shard unavailable")
 	ReplicaHalted = errors.New("lockmesh: replica halted")
