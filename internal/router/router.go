@@ -276,6 +276,11 @@ func Retryable(err error) bool {
 		// (a forward to a dying leader used it up before the local
 		// fallback): nothing was proposed, and the next try has its own.
 		errors.Is(err, dragonboat.ErrInvalidDeadline),
+		// Less than one Raft tick was left of the try's deadline:
+		// dragonboat refused it before proposing anything. The next try
+		// has its own deadline; if the caller's ctx has less than a tick
+		// left, the retries end with the caller's deadline error.
+		errors.Is(err, dragonboat.ErrTimeoutTooSmall),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, transport.ErrUnavailable),
 		errors.Is(err, lockerr.NotReady),
 		// The local replica fail-stopped; it is being stopped, and the

@@ -246,6 +246,27 @@ func TestApplyGivesUpWithTheLastError(t *testing.T) {
 	if want := dragonboat.ErrShardNotReady.Error(); !strings.Contains(err.Error(), want) {
 		t.Fatalf("Apply = %v, want it to name the last error %q", err, want)
 	}
+
+	// dragonboat refuses a try with less than a tick left before it
+	// proposes anything: that is retried, and the caller never sees the
+	// raw error (issue 18: "shard 3: specified timeout value is too small"
+	// reached a Lock caller).
+	tries := 0
+	h.propose = func(cmds []lockfsm.Command) ([]lockfsm.Result, error) {
+		if tries++; tries == 1 {
+			return nil, dragonboat.ErrTimeoutTooSmall
+		}
+		return grantAll(cmds), nil
+	}
+	if res, err := r.Apply(context.Background(), shard, acquire(2)); err != nil || res.Token != 2 {
+		t.Fatalf("Apply after a too-small timeout = %+v, %v; want token 2 on the retry", res, err)
+	}
+	h.propose = func([]lockfsm.Command) ([]lockfsm.Result, error) { return nil, dragonboat.ErrTimeoutTooSmall }
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	if _, err := r.Apply(ctx2, shard, acquire(3)); !errors.Is(err, lockerr.Unavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Apply with no time left = %v, want Unavailable wrapping the caller's deadline", err)
+	}
 }
 
 // Close fails what is queued and in flight with Closed, later calls too,
@@ -440,6 +461,7 @@ func TestRetryable(t *testing.T) {
 	for _, err := range []error{
 		dragonboat.ErrShardClosed, fmt.Errorf("propose: %w", dragonboat.ErrShardClosed),
 		dragonboat.ErrShardNotFound, dragonboat.ErrTimeout, lockerr.NotReady, dragonboat.ErrInvalidDeadline,
+		dragonboat.ErrTimeoutTooSmall, fmt.Errorf("shard 4: %w", dragonboat.ErrTimeoutTooSmall),
 		fmt.Errorf("%w: shard 2", lockerr.ReplicaHalted), transport.ErrUnavailable,
 		lockerr.RPC(lockerr.CodeNotHosted, "moved"), lockerr.RPC(lockerr.CodeBusy, "busy"),
 	} {
