@@ -346,7 +346,7 @@ func (n *Node) saveRecord(p *layout.Placement) error {
 
 // loadRecord reads the layout from the data dir; nil when there is none.
 func (n *Node) loadRecord() (*layout.Placement, error) {
-	path := n.cfg.FS.PathJoin(n.cfg.DataDir, recordFile)
+	path := n.cfg.fs.PathJoin(n.cfg.DataDir, recordFile)
 	raw, err := n.readSmall(recordFile)
 	if raw == nil || err != nil {
 		return nil, err

@@ -92,7 +92,7 @@ func testConfig(t testing.TB, name string, o clusterOpts) Config {
 		DeadAfter:         o.deadAfter,
 		RTT:               10 * time.Millisecond,
 		Logger:            testLogger(),
-		FS:                vfs.NewMem(),
+		fs:                vfs.NewMem(),
 	}
 }
 

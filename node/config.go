@@ -153,14 +153,15 @@ type Config struct {
 	// so a peer that can reach the RPC port unauthenticated can lock.
 	RaftTLS RaftTLS
 
-	// Clock is the time source of the lease logic (holder deadlines and
-	// leader expiry). Nil means the system's monotonic clock; tests inject
-	// skewed or jumping clocks.
-	Clock Clock
-
-	// FS replaces the file system under DataDir; tests use vfs.NewMem().
-	// Nil means the operating system's.
-	FS vfs.FS
+	// clock is the time source of the lease logic (holder deadlines and
+	// leader expiry): the system's monotonic clock, or in tests a skewed
+	// or jumping one. fs is the file system under DataDir: the
+	// operating system's, or in tests an in-memory one. Neither is
+	// public: a slow clock breaks the holder's margin and an in-memory FS
+	// loses tokens on restart, and nothing a user can set may make
+	// locking unsafe.
+	clock clock
+	fs    vfs.FS
 }
 
 // RaftTLS names the PEM files for mutual TLS between Raft peers: every
@@ -172,10 +173,10 @@ type RaftTLS struct {
 
 func (r RaftTLS) enabled() bool { return r.CAFile != "" || r.CertFile != "" || r.KeyFile != "" }
 
-// Clock reads the current time. Implementations must return times with a
+// clock reads the current time. Implementations must return times with a
 // monotonic reading (from time.Now) so that durations ignore wall-clock
 // steps.
-type Clock interface {
+type clock interface {
 	Now() time.Time
 }
 
@@ -186,7 +187,7 @@ func (systemClock) Now() time.Time { return time.Now() }
 // DefaultConfig returns a Config with the defaults of the tuning fields
 // filled in: Shards, ReplicationFactor, SessionTTL, RTT, DeadAfter and
 // LeaseMargin (max(SessionTTL/10, 2 RTT) of those defaults: 1s), a Logger
-// that discards, the operating system's FS and the system Clock. It sets no
+// that discards. It sets no
 // address, DataDir, Join or BootstrapExpect, and Name stays empty (it
 // defaults to RPCAddr), so it does not Validate until those are filled in:
 // a peer needs a DataDir, three host:port addresses (RaftAddr with a fixed
@@ -225,11 +226,11 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.FS == nil {
-		c.FS = vfs.Default
+	if c.fs == nil {
+		c.fs = vfs.Default
 	}
-	if c.Clock == nil {
-		c.Clock = systemClock{}
+	if c.clock == nil {
+		c.clock = systemClock{}
 	}
 }
 

@@ -18,7 +18,7 @@ const (
 // when it existed before with a wider mode (the files dragonboat writes
 // inside are then out of others' reach whatever their own mode).
 func (n *Node) restrictDataDir() error {
-	if n.cfg.FS != vfs.Default {
+	if n.cfg.fs != vfs.Default {
 		return nil
 	}
 	st, err := os.Stat(n.cfg.DataDir)

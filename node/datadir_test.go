@@ -18,7 +18,7 @@ func TestDataDirIsPrivate(t *testing.T) {
 		t.Fatal(err)
 	}
 	peers := startClusterWith(t, clusterOpts{peers: 1, rf: 1, shards: 1}, func(_ int, c *Config) {
-		c.DataDir, c.FS = dir, vfs.Default
+		c.DataDir, c.fs = dir, vfs.Default
 	})
 	lockAndUnlock(t, peers[0].node, "private/a")
 

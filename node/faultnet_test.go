@@ -144,7 +144,7 @@ type faultPeer struct {
 	hooks testHooks
 	clock *faultClock
 	gate  gate
-	// disk is the peer's strict in-memory file system; its Config.FS is
+	// disk is the peer's strict in-memory file system; its Config.fs is
 	// disk wrapped with stall, which can block its fsyncs.
 	disk  *vfs.MemFS
 	stall *diskStall
@@ -264,8 +264,8 @@ func (fc *faultCluster) newPeer(bootstrapExpect int) *faultPeer {
 		SessionTTL:        o.ttl,
 		RTT:               10 * time.Millisecond,
 		Logger:            testLogger(),
-		FS:                vfs.Wrap(p.disk, p.stall),
-		Clock:             p.clock,
+		fs:                vfs.Wrap(p.disk, p.stall),
+		clock:             p.clock,
 	}
 	fc.addrMu.Lock()
 	fc.raftPeer[p.cfg.RaftAddr] = name
@@ -385,7 +385,7 @@ func (fc *faultCluster) kill(p *faultPeer) diskLoss {
 // stall control carries over. p must not be running.
 func (fc *faultCluster) replaceDisk(p *faultPeer) {
 	p.disk = newPeerDisk(fc.t, p.cfg.DataDir)
-	p.cfg.FS = vfs.Wrap(p.disk, p.stall)
+	p.cfg.fs = vfs.Wrap(p.disk, p.stall)
 }
 
 // restart starts p again from its data dir and lets its workers run.

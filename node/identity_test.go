@@ -171,7 +171,7 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 	for _, p := range []*testPeer{a, b, c} {
 		p.cfg.DeadAfter = 2 * time.Second
 	}
-	c.cfg.FS = vfs.NewMem()
+	c.cfg.fs = vfs.NewMem()
 	logs := newLogRecorder()
 	c.cfg.Logger = slog.New(logs)
 	b.start(t)

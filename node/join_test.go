@@ -112,10 +112,10 @@ func TestTornKnownPeersFileIsIgnored(t *testing.T) {
 			rec := newLogRecorder()
 			peers := startClusterWith(t, clusterOpts{peers: 1, rf: 1, shards: 1}, func(_ int, c *Config) {
 				c.Logger = slog.New(rec)
-				if err := c.FS.MkdirAll(c.DataDir, 0o700); err != nil {
+				if err := c.fs.MkdirAll(c.DataDir, 0o700); err != nil {
 					t.Fatal(err)
 				}
-				f, err := c.FS.Create(c.FS.PathJoin(c.DataDir, knownPeersFile))
+				f, err := c.fs.Create(c.fs.PathJoin(c.DataDir, knownPeersFile))
 				if err != nil {
 					t.Fatal(err)
 				}

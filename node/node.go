@@ -128,7 +128,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 
 func (n *Node) open(ctx context.Context) error {
 	cfg := n.cfg
-	if err := cfg.FS.MkdirAll(cfg.DataDir, dataDirMode); err != nil {
+	if err := cfg.fs.MkdirAll(cfg.DataDir, dataDirMode); err != nil {
 		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
 	}
 	if err := n.restrictDataDir(); err != nil {
@@ -164,10 +164,10 @@ func (n *Node) open(ctx context.Context) error {
 		return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
 	}
 	hc := cluster.HostConfig{
-		Dir:       cfg.FS.PathJoin(cfg.DataDir, "raft"),
+		Dir:       cfg.fs.PathJoin(cfg.DataDir, "raft"),
 		RaftAddr:  cfg.RaftAddr,
 		RTT:       cfg.RTT,
-		FS:        cfg.FS,
+		FS:        cfg.fs,
 		Registry:  n.mesh.NodeRegistryFactory(),
 		Transport: n.hooks.raftTransport,
 		Listener:  leaderListener{n},
@@ -490,7 +490,7 @@ func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
 }
 
 // now is the node's clock; the lease logic reads time only through it.
-func (n *Node) now() time.Time { return n.cfg.Clock.Now() }
+func (n *Node) now() time.Time { return n.cfg.clock.Now() }
 
 // warnPlaintext says which links are not protected, once at start: fine
 // for local development, not for production. When Config.Insecure is what

@@ -88,7 +88,7 @@ func (n *Node) saveKnownPeers(addrs []string) error {
 // crash, or from a newer release) is ignored with a warning that says
 // so, not a reason to refuse to start.
 func (n *Node) loadKnownPeers() []string {
-	path := n.cfg.FS.PathJoin(n.cfg.DataDir, knownPeersFile)
+	path := n.cfg.fs.PathJoin(n.cfg.DataDir, knownPeersFile)
 	ignore := func(why string, err error) []string {
 		n.log.Warn("ignoring the known peers file: it only caches gossip addresses and is rewritten once this peer finds its cluster; Join must name a live peer meanwhile",
 			"file", path, "problem", why, "err", err)
@@ -126,7 +126,7 @@ func joinAddrs(join, known []string) []string {
 // file is synced, renamed into place, and the directory synced so the
 // rename survives a power cut.
 func (n *Node) writeDurably(name string, raw []byte) error {
-	fs := n.cfg.FS
+	fs := n.cfg.fs
 	path := fs.PathJoin(n.cfg.DataDir, name)
 	tmp := path + ".tmp"
 	f, err := fs.Create(tmp)
@@ -166,8 +166,8 @@ func (n *Node) writeDurably(name string, raw []byte) error {
 // readSmall reads name from the data dir, at most maxBodySize bytes; nil
 // and no error when it does not exist.
 func (n *Node) readSmall(name string) ([]byte, error) {
-	path := n.cfg.FS.PathJoin(n.cfg.DataDir, name)
-	f, err := n.cfg.FS.Open(path)
+	path := n.cfg.fs.PathJoin(n.cfg.DataDir, name)
+	f, err := n.cfg.fs.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || os.IsNotExist(err) {
 			return nil, nil

@@ -137,7 +137,7 @@ func newClient(n *Node) *client.Client {
 		SessionTTL:   n.cfg.SessionTTL,
 		LeaseMargin:  n.cfg.LeaseMargin,
 		CloseTimeout: 20 * n.cfg.RTT,
-		Clock:        leaseClock{n.cfg.Clock},
+		Clock:        leaseClock{n.cfg.clock},
 		// Rounds on Go's clock, as before the split: a jump of the lease
 		// clock moves deadlines, not the keepalives that keep them.
 		RoundClock:  client.SystemClock{},
@@ -150,9 +150,9 @@ func newClient(n *Node) *client.Client {
 	})
 }
 
-// leaseClock is Config.Clock with Go's timers: a deadline timer waits, in
+// leaseClock is Config.clock with Go's timers: a deadline timer waits, in
 // real time, what the lease clock says is left, and re-checks on firing.
-type leaseClock struct{ Clock }
+type leaseClock struct{ clock }
 
 func (leaseClock) AfterFunc(d time.Duration, f func()) client.Timer { return time.AfterFunc(d, f) }
 

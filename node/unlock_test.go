@@ -78,8 +78,8 @@ func TestUnlockWithUnknownOutcomeEndsTheLock(t *testing.T) {
 // no cluster. The holder's lease rules are tested without a Node, in
 // internal/client (TestExtendNeverRevivesAPassedDeadline and the others
 // in lease_test.go).
-func leaseTestNode(clock Clock) *Node {
-	cfg := Config{SessionTTL: time.Second, LeaseMargin: 100 * time.Millisecond, Clock: clock}
+func leaseTestNode(c clock) *Node {
+	cfg := Config{SessionTTL: time.Second, LeaseMargin: 100 * time.Millisecond, clock: c}
 	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler), stop: make(chan struct{})}
 	n.client = newClient(n)
 	n.closed.Store(true)
