@@ -75,8 +75,11 @@ func (l *Lock) Unlock(ctx context.Context) error { return l.h.Unlock(ctx) }
 func (l *Lock) Release() error { return l.h.Release() }
 
 // Lock blocks until key is granted to this caller, in FIFO order among the
-// waiters of the key, and returns the held lock. Waiting costs no polling:
-// the grant is pushed to this peer by the Raft entry that made it. When ctx
+// waiters of the key, and returns the held lock. The grant is pushed to
+// this peer by the Raft entry that made it, so a waiter learns of it
+// within a round trip; since a push can be lost, a waiter also re-reads
+// its request's state every TTL/4 (one small read per waiter, not a
+// retry of the lock: its place in the queue is kept). When ctx
 // ends first, the waiter leaves the queue (and a grant that raced the
 // cancellation is released), and ctx's error is returned.
 //

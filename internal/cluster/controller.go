@@ -117,8 +117,9 @@ const moveTimeout = 60 * time.Second
 // so there is one controller per meta term. Each step it:
 //
 //  1. admits peers that gossip shows alive but the layout does not list,
-//     if they speak the cluster's feature level, and raises the level
-//     once every peer speaks a newer one;
+//     if they speak the cluster's feature level and prove their name over
+//     the authenticated channel (Host.Vouch), and raises the level once
+//     every peer speaks a newer one;
 //  2. forgets peers that are draining or dead for longer than DeadAfter
 //     once they host nothing;
 //  3. moves replicas toward the desired layout, one move per shard at a
@@ -234,12 +235,12 @@ func (c *Controller) step(loop context.Context) error {
 		alive[m.Name] = true
 	}
 
-	// 1. Admit new peers.
+	// 1. Admit new peers, then raise the level.
 	if q, ok := c.admit(ctx, p, members); ok {
 		return c.host.ProposePlacement(ctx, q)
 	}
 
-	// 1b. Raise the feature level once every peer speaks a newer one.
+	// The feature level rises once every peer speaks a newer one.
 	if raised, err := c.raiseLevel(ctx, p, all); raised || err != nil {
 		return err
 	}
@@ -263,7 +264,7 @@ func (c *Controller) step(loop context.Context) error {
 		c.log.Debug("controller: moves pending", "epoch", p.Epoch)
 		return nil
 	}
-	// With nothing to move, check now and then that the layout still
+	// 4. With nothing to move, check now and then that the layout still
 	// matches Raft: a shard that lost a replica without the layout knowing
 	// would never be repaired.
 	c.mu.Lock()
@@ -279,7 +280,7 @@ func (c *Controller) step(loop context.Context) error {
 			}
 		}
 	}
-	// 4. Even out leadership, among peers that are up: a transfer to a
+	// 5. Even out leadership, among peers that are up: a transfer to a
 	// dead replica stalls the shard's proposals for an election timeout.
 	var up []string
 	for _, name := range eligible {

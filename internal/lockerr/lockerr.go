@@ -23,7 +23,7 @@ var (
 	Unavailable   = errors.New("lockmesh: shard unavailable")
 	ReplicaHalted = errors.New("lockmesh: replica halted")
 	// NotReady means this peer does not know the cluster's layout yet.
-	NotReady = errors.New("not ready")
+	NotReady = errors.New("lockmesh: not ready: the cluster layout is not known yet")
 )
 
 // Application error codes carried in transport.Error.
