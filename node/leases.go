@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/lni/dragonboat/v4/raftio"
@@ -130,18 +131,38 @@ func (n *Node) expireLapsed() {
 		if d.RecordTerm {
 			n.goFunc(func() { n.recordTerm(shard, d.Term) })
 		}
-		for _, s := range d.Sessions {
-			n.log.Info("expiring session", "shard", shard, "term", d.Term, "session", s.ID, "owner", s.Owner, "held", s.Held, "waiting", s.Waiting)
-			n.goFunc(func() {
-				ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
-				defer cancel()
-				res, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.ID, Term: d.Term})
-				if err == nil && res.Status == lockfsm.StatusStaleTerm {
-					n.log.Info("session expiry refused: decided in a term that has ended", "shard", shard, "session", s.ID, "err", res.Err)
-				}
-			})
+		if len(d.Sessions) > 0 {
+			n.goFunc(func() { n.expireSessions(shard, d.Term, d.Sessions) })
 		}
 	}
+}
+
+// maxExpiries bounds the ExpireSession proposals of one shard's round in
+// flight at once; those in flight together share Raft entries.
+const maxExpiries = 16
+
+// expireSessions proposes the expiry, decided in term, of sessions of
+// shard, at most maxExpiries at once: one goroutine per shard and round,
+// not one per session, however many lapse together (a peer holding
+// thousands of sessions died).
+func (n *Node) expireSessions(shard, term uint64, sessions []lockfsm.SessionInfo) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.SessionTTL)
+	defer cancel()
+	slots := make(chan struct{}, maxExpiries)
+	var wg sync.WaitGroup
+	for _, s := range sessions {
+		n.log.Info("expiring session", "shard", shard, "term", term, "session", s.ID, "owner", s.Owner, "held", s.Held, "waiting", s.Waiting)
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			res, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.ID, Term: term})
+			if err == nil && res.Status == lockfsm.StatusStaleTerm {
+				n.log.Info("session expiry refused: decided in a term that has ended", "shard", shard, "session", s.ID, "err", res.Err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // recordTerm commits LeaderTerm for term on shard (rule 0), as long as this

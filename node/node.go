@@ -78,8 +78,9 @@ type Node struct {
 	// keepalive loop and the waiters grants are handed to.
 	client *client.Client
 
-	leases  leaseTable
-	notifyQ chan notifyJob
+	leases      leaseTable
+	notifyQ     chan notifyJob
+	notifySlots chan struct{} // a slot per grant notice being pushed
 
 	ctrl *cluster.Controller // acts only while this peer leads the meta shard
 }
@@ -101,12 +102,13 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	cfg.setDefaults()
 	installDragonboatLogger(cfg.Logger)
 	n := &Node{
-		cfg:     cfg,
-		hooks:   hooks,
-		log:     cfg.Logger.With("peer", cfg.Name),
-		stop:    make(chan struct{}),
-		ready:   make(chan struct{}),
-		notifyQ: make(chan notifyJob, 4096),
+		cfg:         cfg,
+		hooks:       hooks,
+		log:         cfg.Logger.With("peer", cfg.Name),
+		stop:        make(chan struct{}),
+		ready:       make(chan struct{}),
+		notifyQ:     make(chan notifyJob, 4096),
+		notifySlots: make(chan struct{}, maxNotifyCalls),
 	}
 	n.client = newClient(n)
 	n.leases.init(n.cfg, n.hooks)

@@ -60,8 +60,11 @@ func (n *Node) onNotice(req notifyReq) {
 	}
 }
 
+// maxNotifyCalls bounds the grant notices being pushed at once.
+const maxNotifyCalls = 64
+
 // notifyLoop pushes queued grants to their owners, one batched call per
-// owner and shard.
+// owner and shard, at most maxNotifyCalls at once.
 func (n *Node) notifyLoop() {
 	for {
 		var first notifyJob
@@ -94,7 +97,16 @@ func (n *Node) notifyLoop() {
 			if err != nil {
 				continue
 			}
+			// At most maxNotifyCalls pushes at once: the loop waits for a
+			// slot, the queue fills meanwhile, and a full queue drops
+			// notices (the waiters' re-read finds their grants).
+			select {
+			case n.notifySlots <- struct{}{}:
+			case <-n.stop:
+				return
+			}
 			n.goFunc(func() {
+				defer func() { <-n.notifySlots }()
 				ctx, cancel := context.WithTimeout(n.ctx, time.Second)
 				defer cancel()
 				if _, err := n.peers.Call(ctx, addr, methodNotify, body); err != nil {
