@@ -354,7 +354,7 @@ func TestNemesisWipeRestart(t *testing.T) {
 	}
 	nm := nemesis{name: "wipe-restart", inject: injectWipeRestart}
 	r := runNemesis(t, nm, 0, faultOpts{mutate: func(c *Config) { c.DeadAfter = 3 * time.Second }})
-	reportViolations(t, nm, r)
+	reportViolations(t, r)
 	if r.ops < 100 {
 		t.Errorf("only %d ops checked: the load did not run", r.ops)
 	}

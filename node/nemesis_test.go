@@ -484,9 +484,6 @@ func (lr *loadRun) verify(t testing.TB) []string {
 type nemesis struct {
 	name   string
 	inject func(ctx context.Context, lr *loadRun)
-	// knownIssue, when set, names a known node weakness this nemesis
-	// exposes: its violations are logged and the test skipped, not failed.
-	knownIssue string
 	// opts configures the nemesis's cluster (zero: the defaults).
 	opts faultOpts
 }
@@ -1131,7 +1128,7 @@ func TestNemesis(t *testing.T) {
 	for _, nm := range nemeses {
 		t.Run(nm.name, func(t *testing.T) {
 			r := runNemesis(t, nm, 0, nm.opts)
-			reportViolations(t, nm, r)
+			reportViolations(t, r)
 			if r.ops < 100 {
 				t.Errorf("only %d ops checked: the load did not run", r.ops)
 			}
@@ -1139,19 +1136,10 @@ func TestNemesis(t *testing.T) {
 	}
 }
 
-// reportViolations fails t for each violation, or skips t naming the known
-// issue when nm has one.
-func reportViolations(t *testing.T, nm nemesis, r nemesisResult) {
+// reportViolations fails t for each violation. There is no way to excuse
+// one: a violation is never a skip.
+func reportViolations(t *testing.T, r nemesisResult) {
 	t.Helper()
-	if nm.knownIssue != "" && len(r.violations) > 0 {
-		for i, v := range r.violations {
-			if i == 3 {
-				break
-			}
-			t.Log(v)
-		}
-		t.Skipf("known issue, %d violations: %s", len(r.violations), nm.knownIssue)
-	}
 	for _, v := range r.violations {
 		t.Error(v)
 	}

@@ -23,7 +23,7 @@ func TestSoakNemeses(t *testing.T) {
 			r := runNemesis(t, nm, *soakFor, nm.opts)
 			total += r.ops
 			bad += len(r.violations)
-			reportViolations(t, nm, r)
+			reportViolations(t, r)
 		})
 	}
 	t.Logf("soak: %d ops checked over %d nemeses of %v each, %d violations", total, ran, *soakFor, bad)
