@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 func TestAttemptsIDsAndAck(t *testing.T) {
@@ -114,5 +116,73 @@ func TestWaitersWake(t *testing.T) {
 	case v := <-other:
 		t.Fatalf("a wake for another attempt arrived: %d", v)
 	default:
+	}
+}
+
+// A grant notice is only a hint: anyone who reaches the RPC port could
+// send one. A waiter woken by a notice reads its request's state and
+// takes the lock only when the replicated state says it is held, with the
+// token the state holds; a notice for a request still waiting changes
+// nothing. A token from this peer's own replica needs no read.
+func TestGrantNoticeIsVerified(t *testing.T) {
+	tc := newTestClient(t, time.Second)
+	tc.cluster.mu.Lock()
+	tc.cluster.queue = map[string]bool{"q": true, "own": true}
+	tc.cluster.queued = make(chan lockfsm.Command, 4)
+	tc.cluster.attempts = map[uint64]lockfsm.RequestInfo{}
+	tc.cluster.reads = make(chan uint64, 16)
+	tc.cluster.mu.Unlock()
+	// An hour's TTL: the slow re-read (every TTL/4) stays out of the way,
+	// so every read counted here is one a notice caused.
+	o, _ := tc.NewOwner(time.Hour)
+
+	type result struct {
+		h   *Held
+		err error
+	}
+	acquire := func(key string) (chan result, lockfsm.Command) {
+		done := make(chan result, 1)
+		go func() {
+			h, _, err := o.Acquire(tc.ctx, 2, key, true)
+			done <- result{h, err}
+		}()
+		return done, <-tc.cluster.queued
+	}
+	done, cmd := acquire("q")
+	key := WaiterKey{Shard: 2, Session: cmd.Session, Req: cmd.Req}
+	setState := func(st lockfsm.ReqState, token uint64) {
+		tc.cluster.mu.Lock()
+		tc.cluster.attempts[cmd.Req] = lockfsm.RequestInfo{Found: true, Key: "q", State: st, Token: token}
+		tc.cluster.mu.Unlock()
+	}
+
+	// A forged notice while the request still waits: the waiter reads,
+	// finds it waiting, and waits on.
+	setState(lockfsm.ReqWaiting, 0)
+	tc.Waiters().Wake(key, Verify) // registered before the acquire was proposed
+	if req := <-tc.cluster.reads; req != cmd.Req {
+		t.Fatalf("read request %d, want %d", req, cmd.Req)
+	}
+	// The grant commits; its notice arrives: the lock is taken with the
+	// state's token, not anything the notice said.
+	setState(lockfsm.ReqHeld, 9)
+	tc.Waiters().Wake(key, Verify) // registered before the acquire was proposed
+	r := <-done
+	if r.err != nil || r.h == nil || r.h.Token() != 9 {
+		t.Fatalf("after the verified notice: %+v, %v; want the lock with token 9", r.h, r.err)
+	}
+	if n := len(tc.cluster.reads); n != 1 {
+		t.Fatalf("%d more reads, want the one that found the grant", n)
+	}
+	_ = r.h.Unlock(tc.ctx)
+
+	// A token handed over by this peer's own replica is the grant itself.
+	done, cmd = acquire("own")
+	tc.Waiters().Wake(WaiterKey{Shard: 2, Session: cmd.Session, Req: cmd.Req}, 11)
+	if r := <-done; r.err != nil || r.h.Token() != 11 {
+		t.Fatalf("with a token from the local replica: %+v, %v; want token 11", r.h, r.err)
+	}
+	if n := len(tc.cluster.reads); n != 1 {
+		t.Fatalf("a token from the local replica was read back (%d reads)", n)
 	}
 }

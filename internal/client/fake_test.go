@@ -124,6 +124,31 @@ type fakeCluster struct {
 	commands []lockfsm.Command
 	fail     func(lockfsm.Command) error
 	closes   chan uint64 // each CloseSession's session
+
+	// queue, when set, makes acquires of these keys queue instead of
+	// being granted; queued receives each such acquire. The test says
+	// what a read of a request finds with attempts (by request id); reads
+	// receives each read's request id.
+	queue    map[string]bool
+	queued   chan lockfsm.Command
+	attempts map[uint64]lockfsm.RequestInfo
+	reads    chan uint64
+}
+
+// readAttempt answers ReadAttempt from attempts: a request it does not
+// list cannot be read.
+func (f *fakeCluster) readAttempt(_ context.Context, _ uint64, _ uint64, req uint64) (bool, lockfsm.RequestInfo, error) {
+	f.mu.Lock()
+	a, ok := f.attempts[req]
+	reads := f.reads
+	f.mu.Unlock()
+	if reads != nil {
+		reads <- req
+	}
+	if !ok {
+		return false, lockfsm.RequestInfo{}, errors.New("the test set no state for this request")
+	}
+	return true, a, nil
 }
 
 func (f *fakeCluster) apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
@@ -143,6 +168,10 @@ func (f *fakeCluster) apply(ctx context.Context, shard uint64, cmd lockfsm.Comma
 		f.sessions++
 		return lockfsm.Result{Status: lockfsm.StatusOK, Session: f.sessions}, nil
 	case lockfsm.OpAcquire:
+		if f.queue[cmd.Key] {
+			f.queued <- cmd
+			return lockfsm.Result{Status: lockfsm.StatusQueued}, nil
+		}
 		f.tokens++
 		return lockfsm.Result{Status: lockfsm.StatusGranted, Token: f.tokens}, nil
 	default:
@@ -189,9 +218,7 @@ func newTestClient(t *testing.T, ttl time.Duration) *testClient {
 		Name: "p1", SessionTTL: ttl, LeaseMargin: ttl / 10, CloseTimeout: time.Second,
 		Clock: tc.lease, RoundClock: tc.rounds, Log: slog.New(slog.DiscardHandler),
 		Apply: tc.cluster.apply,
-		ReadAttempt: func(context.Context, uint64, uint64, uint64) (bool, lockfsm.RequestInfo, error) {
-			return false, lockfsm.RequestInfo{}, errors.New("no reads in these tests")
-		},
+		ReadAttempt: tc.cluster.readAttempt,
 		KeepAlive: func(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {
 			call := keepAliveCall{shard: shard, ids: slices.Sorted(slices.Values(ids)), reply: make(chan keepAliveReply, 1)}
 			tc.calls <- call
