@@ -160,8 +160,15 @@ func TestGrantNoticeIsVerified(t *testing.T) {
 	// finds it waiting, and waits on.
 	setState(lockfsm.ReqWaiting, 0)
 	tc.Waiters().Wake(key, Verify) // registered before the acquire was proposed
-	if req := <-tc.cluster.reads; req != cmd.Req {
-		t.Fatalf("read request %d, want %d", req, cmd.Req)
+	select {
+	case req := <-tc.cluster.reads:
+		if req != cmd.Req {
+			t.Fatalf("read request %d, want %d", req, cmd.Req)
+		}
+	case r := <-done:
+		t.Fatalf("a notice for a waiting request ended the wait unread: %+v, %v", r.h, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a notice caused no read of the request within 10s")
 	}
 	// The grant commits; its notice arrives: the lock is taken with the
 	// state's token, not anything the notice said.
