@@ -24,6 +24,12 @@ const (
 	maxLevel uint8 = 2
 )
 
+// FeatureLevels returns the oldest and newest feature levels this release
+// speaks: a cluster at a level outside them is refused (ErrIncompatible).
+// Rolling upgrades need the next release to speak this one's newest level
+// (docs/UPGRADING.md).
+func FeatureLevels() (oldest, newest uint8) { return minLevel, maxLevel }
+
 // commandFormat is the lockfsm command format a cluster at level writes.
 func commandFormat(level uint8) byte {
 	if level >= 2 {

@@ -24,6 +24,15 @@
 // than the time printed. A test that finds a held line later than another
 // holder's acquired line has seen two holders at once.
 //
+// -report-serving prints, once the peer is ready and Node.WaitServing has
+// returned (every lock shard answers a linearizable read through this
+// peer: on a peer that hosts replicas, through its own, so they have
+// caught up), before any demo action:
+//
+//	serving NAME
+//
+// docs/UPGRADING.md says to wait for it before restarting the next peer.
+//
 // -report-leader KEY prints, whenever this peer's view of who leads KEY's
 // shard changes (checked every 10ms), where "-" means no known leader:
 //
@@ -38,6 +47,10 @@
 //	shard ID hosts=NAME,... leader=NAME key=KEY   (a line per shard; KEY is a key in it)
 //	shard ID hosts=NAME,... leader=NAME meta      (the meta shard, which holds the layout)
 //	key KEY shard=ID                              (with -lock: the shard of KEY)
+//
+// -version prints the release and the feature levels it speaks, and exits:
+//
+//	lockmesh VERSION levels=MIN-MAX
 //
 // After its demo actions the peer keeps serving until SIGINT or SIGTERM,
 // which unlock what it holds, close the node (its sessions end at once, so
@@ -63,6 +76,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/procs"
+	"github.com/lockmesh/lockmesh/internal/release"
 	"github.com/lockmesh/lockmesh/node"
 )
 
@@ -81,6 +95,12 @@ type config struct {
 	reportHeld time.Duration
 	// reportLeader is the key whose shard leader to report; empty for none.
 	reportLeader string
+	// reportServing prints a serving line once Node.WaitServing returns.
+	reportServing bool
+
+	// version prints the release and its feature levels instead of
+	// running a peer.
+	version bool
 
 	// printPlacement is the number of live peers to wait for before
 	// printing the settled layout; 0 prints nothing.
@@ -107,6 +127,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "peer: %v\nRun 'peer -h' for the flags.\n", err)
 		return 2
+	}
+	if cfg.version {
+		oldest, newest := node.FeatureLevels()
+		fmt.Fprintf(stdout, "lockmesh %s levels=%d-%d\n", release.Version, oldest, newest)
+		return 0
 	}
 	cfg.node.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	// Lines come from the lock loop and the leader reporter at once.
@@ -135,6 +160,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case <-n.Ready():
 		fmt.Fprintf(stdout, "ready %s gossip=%s\n", n.Name(), n.GossipAddr())
 	case <-ctx.Done():
+	}
+	if cfg.reportServing && ctx.Err() == nil {
+		if err := n.WaitServing(ctx); err != nil && ctx.Err() == nil {
+			fmt.Fprintf(stderr, "peer: wait serving: %v\n", err)
+			return 1
+		} else if err == nil {
+			fmt.Fprintf(stdout, "serving %s\n", n.Name())
+		}
 	}
 	if cfg.printPlacement > 0 && ctx.Err() == nil {
 		if err := printPlacement(ctx, n, cfg.printPlacement, cfg.lock, stdout); err != nil && ctx.Err() == nil {
@@ -418,9 +451,14 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.IntVar(&cfg.printPlacement, "print-placement", 0, "before locking, wait until `n` live peers share a settled layout and print it")
 	fs.BoolVar(&cfg.lockOnUSR1, "lock-on-usr1", false, "take the -lock key only once the process gets SIGUSR1")
 	fs.DurationVar(&cfg.reportHeld, "report-held", 0, "while holding the -lock key, print a held line every `interval`; 0 prints none")
+	fs.BoolVar(&cfg.version, "version", false, "print the release and the feature levels it speaks, and exit")
+	fs.BoolVar(&cfg.reportServing, "report-serving", false, "once ready, wait until every lock shard serves through this peer (Node.WaitServing) and print a serving line")
 	fs.StringVar(&cfg.reportLeader, "report-leader", "", "print a leader line whenever this peer's view of the leader of `key`'s shard changes")
 
 	finish = func() error {
+		if cfg.version {
+			return nil // nothing else is needed
+		}
 		for _, a := range strings.Split(*join, ",") {
 			if a = strings.TrimSpace(a); a != "" {
 				nc.Join = append(nc.Join, a)

@@ -26,7 +26,7 @@ func TestParseFlags(t *testing.T) {
 
 	cfg, err := parseFlags(with("-name", "p1", "-expect", "3", "-join", "127.0.0.1:7011, 127.0.0.1:7021,",
 		"-shards", "4", "-rf", "5", "-ttl", "2s", "-rtt", "10ms", "-log-level", "debug", "-lock", "job", "-hold", "3s", "-loop", "2",
-		"-lock-on-usr1", "-report-held", "20ms", "-report-leader", "other"))
+		"-lock-on-usr1", "-report-held", "20ms", "-report-leader", "other", "-report-serving"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestParseFlags(t *testing.T) {
 	if cfg.lock != "job" || cfg.hold != 3*time.Second || cfg.loop != 2 || cfg.logLevel.String() != "DEBUG" {
 		t.Errorf("demo settings: %+v", cfg)
 	}
-	if !cfg.lockOnUSR1 || cfg.reportHeld != 20*time.Millisecond || cfg.reportLeader != "other" {
+	if !cfg.lockOnUSR1 || cfg.reportHeld != 20*time.Millisecond || cfg.reportLeader != "other" || !cfg.reportServing {
 		t.Errorf("report settings: %+v", cfg)
 	}
 
@@ -290,7 +290,13 @@ func newCluster(t *testing.T, bin string) *cluster {
 
 func (c *cluster) start(name string, args ...string) *proc {
 	c.t.Helper()
-	p := &proc{name: name, cmd: exec.Command(c.bin, args...), stderr: &tailBuffer{max: 64 << 10}, exited: make(chan struct{})}
+	return c.startBin(c.bin, name, args...)
+}
+
+// startBin is start with another build of the program (upgrade tests).
+func (c *cluster) startBin(bin, name string, args ...string) *proc {
+	c.t.Helper()
+	p := &proc{name: name, cmd: exec.Command(bin, args...), stderr: &tailBuffer{max: 64 << 10}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.stderr
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
