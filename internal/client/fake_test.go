@@ -217,7 +217,7 @@ func newTestClient(t *testing.T, ttl time.Duration) *testClient {
 	tc.Client = New(Config{
 		Name: "p1", SessionTTL: ttl, LeaseMargin: ttl / 10, CloseTimeout: time.Second,
 		Clock: tc.lease, RoundClock: tc.rounds, Log: slog.New(slog.DiscardHandler),
-		Apply: tc.cluster.apply,
+		Apply:       tc.cluster.apply,
 		ReadAttempt: tc.cluster.readAttempt,
 		KeepAlive: func(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {
 			call := keepAliveCall{shard: shard, ids: slices.Sorted(slices.Values(ids)), reply: make(chan keepAliveReply, 1)}
