@@ -3,6 +3,7 @@ package raftnet
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -22,7 +23,8 @@ func (t *transport) GetConnection(ctx context.Context, target string) (raftio.IC
 	if err != nil {
 		return nil, err
 	}
-	return &batchConn{out: c}, nil
+	c.watch()
+	return &batchConn{t: t, target: target, out: c}, nil
 }
 
 // GetSnapshotConnection dials target for the chunks of one snapshot.
@@ -70,6 +72,32 @@ type outbound struct {
 	conn      net.Conn // raw or TLS over it
 	encrypted bool
 	buf       []byte // frame buffer, kept between sends up to pieceSize
+	// gone, once watch runs, closes when the peer closed the connection
+	// (or it was closed here).
+	gone chan struct{}
+}
+
+// watch starts noticing when the peer closes a batch connection: the
+// server writes nothing on one, so a read returns only when the peer's
+// process closed it (it stopped or restarted) or the connection was
+// closed here. The goroutine ends with the connection.
+func (o *outbound) watch() {
+	o.gone = make(chan struct{})
+	go func() {
+		defer close(o.gone)
+		var b [1]byte
+		_, _ = o.conn.Read(b[:])
+	}()
+}
+
+// peerGone reports whether watch saw the connection end.
+func (o *outbound) peerGone() bool {
+	select {
+	case <-o.gone:
+		return true
+	default:
+		return false
+	}
 }
 
 // send marshals m (of size n) as a frame of kind and writes it, within
@@ -99,13 +127,53 @@ func (o *outbound) send(kind frameKind, n int, marshal func([]byte) (int, error)
 
 func (o *outbound) close() { o.t.untrack(o.raw) }
 
-// batchConn sends message batches; dragonboat uses one from one goroutine.
-type batchConn struct{ out *outbound }
+// batchConn sends message batches to target; dragonboat uses one from
+// one goroutine.
+type batchConn struct {
+	t      *transport
+	target string
+	out    *outbound
+}
 
 func (c *batchConn) Close() { c.out.close() }
 
+// SendMessageBatch sends b. A peer that restarted is reached again without
+// a failed send: a connection its old process closed is replaced before
+// the send, and a send that fails on the connection (it closed before
+// this end noticed) is made once more on a new one. dragonboat takes a
+// failed send for the peer being down and drops every message to it for a
+// while (its circuit breaker), so after one peer's restart a cluster whose
+// third peer then stops would lose its quorum. Raft tolerates the batch
+// arriving twice, or the one written into the closing connection being
+// lost.
 func (c *batchConn) SendMessageBatch(b pb.MessageBatch) error {
+	if c.out.peerGone() {
+		if err := c.redial(); err != nil {
+			return err
+		}
+	}
+	err := c.out.send(kindBatch, b.Size(), b.MarshalTo)
+	if err == nil || errors.Is(err, ErrFrameTooLarge) {
+		return err
+	}
+	if rerr := c.redial(); rerr != nil {
+		return err
+	}
 	return c.out.send(kindBatch, b.Size(), b.MarshalTo)
+}
+
+// redial replaces the connection with a new one to target.
+func (c *batchConn) redial() error {
+	c.out.close()
+	ctx, cancel := context.WithTimeout(context.Background(), c.t.cfg.DialTimeout)
+	defer cancel()
+	out, err := c.t.dial(ctx, c.target)
+	if err != nil {
+		return err
+	}
+	out.watch()
+	c.out = out
+	return nil
 }
 
 // chunkConn sends the chunks of one snapshot.

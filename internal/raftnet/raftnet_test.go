@@ -608,3 +608,65 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// startPeerAt is startPeer on a fixed address, for a peer restarted where
+// it listened before.
+func startPeerAt(t *testing.T, cfg Config, addr string) *peer {
+	t.Helper()
+	in := newInbox()
+	tr := Factory(cfg).Create(config.NodeHostConfig{RaftAddress: addr}, in.onBatch, in.onChunk).(*transport)
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return &peer{tr: tr, addr: addr, in: in}
+}
+
+// A peer that restarted is reached again through the connection dragonboat
+// already holds to it: the old process's socket closed with it, and the
+// next batches go over a new connection without a failed send. dragonboat
+// takes a failed send as the peer being down and drops everything to it
+// for a while (its circuit breaker): right after one peer restarts, that
+// cost a cluster whose third peer was being stopped its quorum (the
+// upgrade test's finding, docs/TESTING.md).
+func TestRestartedPeerReachedWithoutAFailedSend(t *testing.T) {
+	a := startPeer(t, Config{})
+	b := startPeer(t, Config{})
+	conn, err := a.tr.GetConnection(context.Background(), b.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SendMessageBatch(testBatch("a", 1)); err != nil {
+		t.Fatal(err)
+	}
+	b.in.wait(t, 1)
+
+	b.tr.Close() // the process exits: its sockets close
+	b2 := startPeerAt(t, Config{}, b.addr)
+	// Once this end has seen the close (a heartbeat later, in a cluster),
+	// every batch reaches the new process.
+	select {
+	case <-conn.(*batchConn).out.gone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the closed connection went unnoticed for 5s")
+	}
+	for i := range 5 {
+		if err := conn.SendMessageBatch(testBatch("a", 1)); err != nil {
+			t.Fatalf("send %d to the restarted peer: %v", i+1, err)
+		}
+	}
+	b2.in.wait(t, 5)
+
+	// Sent before this end could notice: the send that meets the closed
+	// connection is made again on a new one, and none fails (the first
+	// may be lost in the closing socket, as Raft allows).
+	b2.tr.Close()
+	b3 := startPeerAt(t, Config{}, b.addr)
+	for i := range 5 {
+		if err := conn.SendMessageBatch(testBatch("a", 1)); err != nil {
+			t.Fatalf("send %d right after the second restart: %v", i+1, err)
+		}
+	}
+	b3.in.wait(t, 3) // at most two written before the close was seen are lost
+}
