@@ -19,9 +19,6 @@ import (
 	"github.com/lockmesh/lockmesh/node"
 )
 
-// upgradeTestEnv turns TestUpgradeFromPrevious on.
-const upgradeTestEnv = "LOCKMESH_UPGRADE_TEST"
-
 // TestUpgradeFromPrevious runs the previous release (release.Previous,
 // built from git history) and this tree in one cluster of processes, under
 // lock load, through the steps docs/UPGRADING.md tells operators to take:
@@ -77,18 +74,14 @@ const upgradeTestEnv = "LOCKMESH_UPGRADE_TEST"
 // A clone without the previous release's commit (a shallow one) fails the
 // test, saying to fetch the history; it never skips for that.
 //
-// It runs only with LOCKMESH_UPGRADE_TEST=1 (and not with -short): even
-// with the wait above, it fails in some runs, in the control mode too,
-// when a stop cuts a shard's quorum although every replica was caught up
-// just before (docs/TESTING.md, section 5, open finding).
+// It found that a restart tripped dragonboat's circuit breaker on the
+// other peers (their connections to the old process failed on first
+// write), so the next stop lost quorum although every replica was caught
+// up; internal/raftnet now redials instead (docs/TESTING.md, section 5).
 func TestUpgradeFromPrevious(t *testing.T) {
 	const upgradeControlEnv = "LOCKMESH_UPGRADE_CONTROL"
 	if testing.Short() {
 		t.Skip("builds two releases of the program and runs 7 peer processes")
-	}
-	if os.Getenv(upgradeTestEnv) == "" {
-		t.Skipf("set %s=1 to run it: it still fails in some runs, with every replica caught up before each stop "+
-			"(docs/TESTING.md, section 5, open finding)", upgradeTestEnv)
 	}
 	const ttl = 2 * time.Second
 	newBin := buildPeer(t)
