@@ -14,16 +14,7 @@ import (
 // ReclaimAfter, that Close()s at test end.
 func startIdentityMesh(t *testing.T, name string, meta Meta, reclaim time.Duration, rec *recorder) *Mesh {
 	t.Helper()
-	cfg := Config{Name: name, BindAddr: "127.0.0.1:0", Meta: meta, Local: true, ReclaimAfter: reclaim}
-	if rec != nil {
-		cfg.OnEvent = rec.add
-	}
-	m, err := Create(cfg)
-	if err != nil {
-		t.Fatalf("Create(%s): %v", name, err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return m
+	return startMeshWith(t, Config{Name: name, BindAddr: "127.0.0.1:0", Meta: meta, Local: true, ReclaimAfter: reclaim}, rec)
 }
 
 // conflicting reports whether m refuses the member called name, and the

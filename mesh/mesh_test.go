@@ -49,22 +49,22 @@ func testMeta(name string) Meta {
 // startMesh creates a loopback peer that Close()s at test end.
 func startMesh(t *testing.T, name string, key []byte, rec *recorder) *Mesh {
 	t.Helper()
-	cfg := Config{
-		Name:      name,
-		BindAddr:  "127.0.0.1:0",
-		SecretKey: key,
-		Meta:      testMeta(name),
-		Local:     true,
-	}
+	return startMeshWith(t, Config{Name: name, BindAddr: "127.0.0.1:0", SecretKey: key, Meta: testMeta(name), Local: true}, rec)
+}
+
+// startMeshWith creates the peer cfg describes, reporting its events to
+// rec if set, that Close()s at test end. MESH_DEBUG with -v logs it.
+func startMeshWith(t *testing.T, cfg Config, rec *recorder) *Mesh {
+	t.Helper()
 	if testing.Verbose() && os.Getenv("MESH_DEBUG") != "" {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("peer", name)
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("peer", cfg.Name)
 	}
 	if rec != nil {
 		cfg.OnEvent = rec.add
 	}
 	m, err := Create(cfg)
 	if err != nil {
-		t.Fatalf("Create(%s): %v", name, err)
+		t.Fatalf("Create(%s): %v", cfg.Name, err)
 	}
 	t.Cleanup(func() { m.Close() })
 	return m
