@@ -15,24 +15,11 @@ import (
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
-// Forming a cluster.
-//
-// With BootstrapExpect N, peers gossip until they see N alive peers that
-// belong to no cluster. The peer whose name sorts first among the first N
-// (by name) coordinates: it lays out the shards over those N peers and runs
-// a two-phase agreement with them. In phase one every peer promises the plan
-// and refuses any other for a while; only when all N promised does phase two
-// tell them to commit it, and each then records it in its data dir and
-// starts its replicas. Two coordinators that raced (N+1 peers starting at
-// once with different views) cannot both get every promise from overlapping
-// sets, so no two clusters form from one peer. A peer that finds a member
-// already in a cluster asks it for the layout and adopts it instead.
+// Forming a cluster: the rules (who coordinates, what a promise refuses,
+// which commit is adopted) are pure code in internal/cluster; this file
+// runs them: the loop, the RPCs on both sides, and adopting the result.
 
 const recordFile = "cluster.lockmesh"
-
-// promiseTTL bounds how long a peer holds a promise for a plan that was
-// neither committed nor aborted (its coordinator died between phases).
-const promiseTTL = 10 * time.Second
 
 func (n *Node) bootstrapLoop() {
 	t := time.NewTicker(max(4*n.cfg.RTT, 100*time.Millisecond))
@@ -51,30 +38,17 @@ func (n *Node) bootstrapLoop() {
 	}
 }
 
+// bootstrapStep does what cluster.Decide says: adopt a running cluster's
+// layout, coordinate the founding of one, or nothing yet.
 func (n *Node) bootstrapStep() error {
-	var free []mesh.Member
-	for _, m := range n.mesh.Members() {
-		if m.State != mesh.StateAlive || m.Meta.NodeHostID == "" || m.Meta.RPCAddr == "" {
-			continue
-		}
-		if m.Meta.Cluster != 0 && m.Name != n.cfg.Name {
-			return n.fetchPlacement(m)
-		}
-		// A join-only peer is never one of the peers that form the
-		// cluster: counted, it could be picked to coordinate (the first
-		// by name) and nobody would.
-		if !m.Meta.NoReplicas && !m.Meta.JoinOnly {
-			free = append(free, m)
-		}
+	f := cluster.Decide(n.mesh.Members(), n.cfg.Name, n.cfg.BootstrapExpect)
+	switch {
+	case f.AdoptFrom != nil:
+		return n.fetchPlacement(*f.AdoptFrom)
+	case f.Founders != nil:
+		return n.coordinate(f.Founders)
 	}
-	if n.cfg.BootstrapExpect == 0 || len(free) < n.cfg.BootstrapExpect {
-		return nil
-	}
-	free = free[:n.cfg.BootstrapExpect] // Members is sorted by name
-	if free[0].Name != n.cfg.Name {
-		return nil
-	}
-	return n.coordinate(free)
+	return nil
 }
 
 // fetchPlacement adopts the layout of the cluster member m belongs to.
@@ -93,16 +67,10 @@ func (n *Node) fetchPlacement(m mesh.Member) error {
 }
 
 func (n *Node) coordinate(members []mesh.Member) error {
-	peers := make([]layout.Peer, len(members))
-	for i, m := range members {
-		peers[i] = layout.Peer{Name: m.Name, NodeHostID: m.Meta.NodeHostID}
-	}
 	var idb [8]byte
 	_, _ = rand.Read(idb[:])
 	cid := binary.BigEndian.Uint64(idb[:]) | 1
-	level := cluster.NewLevel(n.topLevel(), members)
-	p := layout.New(cid, n.cfg.Shards, n.cfg.ReplicationFactor, keySchemeFor(level), peers)
-	p.Level = uint32(level)
+	p := cluster.NewPlan(cid, n.cfg.Shards, n.cfg.ReplicationFactor, n.topLevel(), members)
 	raw, err := layout.Encode(p)
 	if err != nil {
 		return err
@@ -155,13 +123,14 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 		if len(body) != 8 {
 			return nil, errors.New("abort: bad cluster id")
 		}
+		cid := binary.BigEndian.Uint64(body)
 		n.bootMu.Lock()
 		defer n.bootMu.Unlock()
-		if n.promise != nil && n.promise.ClusterID == binary.BigEndian.Uint64(body) {
-			if err := n.authorizeBootstrap(ctx, n.promise, "abort"); err != nil {
+		if promised := n.promises.PromiseFor(cid); promised != nil {
+			if err := n.authorizeBootstrap(ctx, promised, "abort"); err != nil {
 				return nil, err
 			}
-			n.promise, n.promiseRaw = nil, nil
+			n.promises.Abort(cid)
 		}
 		return nil, nil
 	}
@@ -182,10 +151,9 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 		if cur := n.placement.Load(); cur != nil {
 			return nil, rpcError(codeRejected, "peer %s already belongs to cluster %d", n.cfg.Name, cur.ClusterID)
 		}
-		if n.promise != nil && n.promise.ClusterID != p.ClusterID && n.now().Before(n.promDue) {
+		if err := n.promises.Prepare(p, body, n.now()); err != nil {
 			return nil, rpcError(codeRejected, "peer %s promised another plan", n.cfg.Name)
 		}
-		n.promise, n.promiseRaw, n.promDue = p, body, n.now().Add(promiseTTL)
 		n.adopting.Store(p) // its founders' Raft connections are expected
 		return nil, nil
 	}
@@ -194,7 +162,7 @@ func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([
 		// sent to a joiner that promised nothing, would write a foreign
 		// cluster into the data dir.
 		n.bootMu.Lock()
-		promised := n.promiseRaw
+		promised := n.promises.Promised()
 		n.bootMu.Unlock()
 		if cur := n.placement.Load(); cur == nil && !n.authzOff() {
 			if err := authz.BootstrapCommit(promised, body); err != nil {
@@ -225,7 +193,7 @@ func (n *Node) commitPlan(p *layout.Placement) error {
 		}
 		return nil
 	}
-	n.promise, n.promiseRaw = nil, nil
+	n.promises.Settle()
 	if err := n.adopt(p); err != nil {
 		var ie *layout.IdentityError
 		if errors.As(err, &ie) {

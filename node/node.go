@@ -50,10 +50,10 @@ type Node struct {
 	ready     chan struct{} // closed once the placement is known and local replicas run
 	placement atomic.Pointer[layout.Placement]
 
-	bootMu  sync.Mutex
-	promise *layout.Placement // bootstrap plan this peer agreed to, not yet committed
-	// promiseRaw is promise as it was sent: a commit must be this plan.
-	promiseRaw []byte
+	bootMu sync.Mutex
+	// promises is the bootstrap plan this peer agreed to, not yet
+	// committed. Guarded by bootMu, with the check that placement is nil.
+	promises cluster.Promises
 
 	// knownIPs are the IPs of the gossip members' RPC addresses, as
 	// knownPeersLoop last saw them (the RPC server's Known).
@@ -62,7 +62,6 @@ type Node struct {
 	// the bootstrap plan it promised, then the layout adopt is starting
 	// replicas for (raftMember reads it).
 	adopting atomic.Pointer[layout.Placement]
-	promDue  time.Time
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
 	refusal atomic.Pointer[layout.IdentityError]

@@ -88,14 +88,3 @@ func (n *Node) checkLevel(p *layout.Placement) error {
 	n.mesh.SetLevel(level)
 	return nil
 }
-
-// keySchemeFor is the key scheme a new cluster at level uses: hash tags
-// from level 2 on. Peers of level 1 (releases before levels) hash whole
-// keys and ignore the scheme field, so a cluster they may serve must hash
-// whole keys for ever.
-func keySchemeFor(level uint8) uint8 {
-	if level >= 2 {
-		return layout.KeySchemeHashTag
-	}
-	return layout.KeySchemeWhole
-}

@@ -1,7 +1,8 @@
 // Package cluster runs lockmesh's Raft side on one peer: the dragonboat
 // NodeHost and the table of replicas it runs ([Replicas]), and the layout
 // controller that keeps the cluster's layout in line with the live peers
-// ([Controller]).
+// ([Controller]); and the rules by which peers form a cluster at bootstrap
+// ([Decide], [Promises], [NewPlan]), as pure code that package node runs.
 //
 // It decides nothing about where replicas go: that planning is pure code
 // in internal/layout. It speaks no RPC either: package node owns the wire
