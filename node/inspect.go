@@ -143,6 +143,11 @@ type ShardInfo struct {
 	// Leader is the peer leading the shard as far as this peer knows ("" if
 	// unknown).
 	Leader string
+	// Halted, when set, says why this peer's replica of the shard stopped
+	// applying its log (an entry or snapshot this release cannot read):
+	// it keeps its data and runs again once the peer is upgraded; the
+	// shard's other replicas serve it meanwhile.
+	Halted *HaltError
 }
 
 // Placement returns the cluster layout: every shard with the peers that
@@ -165,7 +170,7 @@ func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
 		}
 		out = append(out, ShardInfo{
 			Shard: shard, Meta: shard == metaShardID, Replicas: p.HostNames(shard), Leader: leader,
-			ReplicationFactor: p.RF,
+			ReplicationFactor: p.RF, Halted: n.haltedShard(shard),
 		})
 	}
 	return out, nil

@@ -394,7 +394,14 @@ func (n *Node) adopt(p *layout.Placement) error {
 			continue
 		}
 		if err := n.startReplica(p, shard, r); err != nil {
-			return err
+			// A replica that halted while replaying its log (an entry
+			// or snapshot of a newer release) stays stopped with its
+			// data, logged and reported by Placement; the peer serves
+			// its other shards, and the other replicas serve this one.
+			var he *HaltError
+			if !errors.As(err, &he) {
+				return err
+			}
 		}
 	}
 	n.noteShortfall(nil, p)

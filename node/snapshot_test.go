@@ -323,6 +323,30 @@ func TestReplicaHaltsOnSnapshotItCannotLoad(t *testing.T) {
 		lockUnlock(p, "after-halt")
 	}
 
+	// Restarted still not upgraded, the replica halts while it replays
+	// the snapshot from its own data dir, during Start: the peer still
+	// starts and serves, and Placement says which shard halted (issue 18:
+	// Start failed).
+	old.node.Close()
+	old.start(t)
+	old.waitReady(t)
+	waitHalted(t, old.node, shard)
+	infos, err := old.node.Placement(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range infos {
+		switch {
+		case info.Shard == shard && (info.Halted == nil || !info.Halted.Snapshot):
+			t.Fatalf("Placement after a restart reports shard %d halted as %v, want the snapshot halt", shard, info.Halted)
+		case info.Shard != shard && info.Halted != nil:
+			t.Fatalf("Placement reports shard %d halted too: %v", info.Shard, info.Halted)
+		}
+	}
+	for _, p := range peers {
+		lockUnlock(p, "after-restart")
+	}
+
 	// Upgraded, the peer loads the snapshot and catches up.
 	old.node.Close()
 	old.hooks.holdSnapshot = 0
