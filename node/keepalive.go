@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"fmt"
+
+	"github.com/lockmesh/lockmesh/internal/router"
 )
 
 // The network side of the client's keepalives. The loop itself, its
@@ -31,29 +33,43 @@ func (n *Node) sendKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveRe
 	if err != nil {
 		return keepAliveResp{}, err
 	}
-	var avoid string
-	for attempt := 0; ; attempt++ {
-		target := n.leaderGuess(req.Shard)
-		if target == "" || target == avoid {
-			target = n.otherReplica(req.Shard, avoid, attempt)
-		}
-		actx, cancel := context.WithTimeout(ctx, n.proposalTimeout()/4)
-		resp, err := n.keepAliveCall(actx, target, req, body)
-		cancel()
-		switch {
-		case err == nil && resp.Leader == "":
+	var (
+		avoid string
+		resp  keepAliveResp
+	)
+	err = n.router.TryHosts(ctx, router.Tries{
+		Shard: req.Shard,
+		// One peer a round: the leader as far as this peer knows, else
+		// (or when it just failed) another replica, rotating.
+		Hosts: func(round int) []string {
+			target := n.leaderGuess(req.Shard)
+			if target == "" || target == avoid {
+				target = n.otherReplica(req.Shard, avoid, round)
+			}
+			return []string{target}
+		},
+		Call: func(ctx context.Context, target string) error {
+			actx, cancel := context.WithTimeout(ctx, n.proposalTimeout()/4)
+			defer cancel()
+			r, err := n.keepAliveCall(actx, target, req, body)
+			if err != nil {
+				return err
+			}
+			if r.Leader != "" {
+				return &router.NotLeaderError{Host: target, Leader: r.Leader}
+			}
 			n.setLeader(req.Shard, target)
-			return resp, nil
-		case err == nil && resp.Leader != target && attempt < 3:
-			n.setLeader(req.Shard, resp.Leader) // follow the hint at once
-			continue
-		}
-		avoid = target
-		n.forgetLeader(req.Shard, target)
-		if err := n.backoff(ctx, attempt); err != nil {
-			return keepAliveResp{}, err
-		}
-	}
+			resp = r
+			return nil
+		},
+		FollowHints: 3,
+		Judge: func(target string, _ error) router.Step {
+			avoid = target
+			n.forgetLeader(req.Shard, target)
+			return router.NextRound
+		},
+	})
+	return resp, err
 }
 
 // keepAliveCall sends one keepalive to target, locally when it is this

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/lni/dragonboat/v4"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/router"
 )
 
 // Requests of the controller and of a leaving peer.
@@ -214,27 +216,36 @@ func (n *Node) configChange(ctx context.Context, req configChangeReq) error {
 	if err != nil {
 		return err
 	}
-	var lastErr error = errors.New("no host")
-	for attempt := 0; attempt < 20; attempt++ {
-		hosts := p.HostNames(req.Shard)
-		if l := n.leaderGuess(req.Shard); l != "" {
-			hosts = append([]string{l}, hosts...)
-		}
-		for _, h := range hosts {
-			_, err := n.callPeerName(ctx, h, methodConfigChange, body)
-			if err == nil || errCode(err) == codeRejected {
-				return err
+	return n.router.TryHosts(ctx, router.Tries{
+		Shard:      req.Shard,
+		Rounds:     20,
+		MaxBackoff: 3,
+		// The likely leader first, then every host of the newest layout
+		// this peer knows.
+		Hosts: func(int) []string {
+			if q := n.placement.Load(); q != nil {
+				p = q
 			}
-			lastErr = err
-		}
-		if err := n.backoff(ctx, min(attempt, 3)); err != nil {
-			return fmt.Errorf("%w (last: %v)", err, lastErr)
-		}
-		if q := n.placement.Load(); q != nil {
-			p = q
-		}
-	}
-	return lastErr
+			hosts := p.HostNames(req.Shard)
+			if l := n.leaderGuess(req.Shard); l != "" {
+				hosts = append([]string{l}, hosts...)
+			}
+			return hosts
+		},
+		Call: func(ctx context.Context, h string) error {
+			_, err := n.callPeerName(ctx, h, methodConfigChange, body)
+			return err
+		},
+		// A host that refuses the change (a removed replica cannot come
+		// back) speaks for the shard: no other host will accept it.
+		Judge: func(_ string, err error) router.Step {
+			if errCode(err) == codeRejected {
+				return router.Stop
+			}
+			return router.NextHost
+		},
+		NoneTried: errors.New("no host"),
+	})
 }
 
 // membership reads shard's Raft membership from a peer hosting it.
@@ -278,22 +289,40 @@ func (n *Node) readMetaPlacement(ctx context.Context) (*layout.Placement, error)
 		return nil, errNotReady
 	}
 	asked := map[string]bool{n.cfg.Name: true}
+	errAsked := errors.New("asked already")
 	ask := func(hosts []string) *layout.Placement {
-		for _, h := range hosts {
-			if asked[h] || ctx.Err() != nil {
-				continue
-			}
-			asked[h] = true
-			raw, err := n.callPeerName(ctx, h, methodGetPlacement, getPlacementLinearizable)
-			if err == nil {
-				q, err := layout.Decode(raw)
-				if err == nil {
-					return q
+		var q *layout.Placement
+		err := n.router.TryHosts(ctx, router.Tries{
+			Shard:  metaShardID,
+			Rounds: 1,
+			Hosts:  func(int) []string { return hosts },
+			Call: func(ctx context.Context, h string) error {
+				if asked[h] || ctx.Err() != nil {
+					return errAsked
 				}
-			}
-			lastErr = fmt.Errorf("peer %s: %w", h, err)
+				asked[h] = true
+				raw, err := n.callPeerName(ctx, h, methodGetPlacement, getPlacementLinearizable)
+				if err == nil {
+					q, err = layout.Decode(raw)
+				}
+				if err != nil {
+					return fmt.Errorf("peer %s: %w", h, err)
+				}
+				return nil
+			},
+			Judge: func(_ string, err error) router.Step {
+				if err == errAsked {
+					return router.Skip
+				}
+				return router.NextHost
+			},
+			NoneTried: lastErr,
+		})
+		if err != nil {
+			lastErr = err
+			return nil
 		}
-		return nil
+		return q
 	}
 	if q := ask(p.HostNames(metaShardID)); q != nil {
 		return q, nil
@@ -340,18 +369,20 @@ func (n *Node) proposePlacement(ctx context.Context, q *layout.Placement) error 
 	}
 	if !n.hostsShard(metaShardID) {
 		p := n.placement.Load()
-		var lastErr error = errNotReady
-		for _, h := range p.HostNames(metaShardID) {
-			if h == n.cfg.Name {
-				continue
-			}
-			if _, err := n.callPeerName(ctx, h, methodSetPlacement, raw); err == nil {
-				return nil
-			} else {
-				lastErr = err
-			}
-		}
-		return lastErr
+		return n.router.TryHosts(ctx, router.Tries{
+			Shard:  metaShardID,
+			Rounds: 1,
+			// Not this peer: it is no meta host (its copy of the layout
+			// lags the one that says so).
+			Hosts: func(int) []string {
+				return slices.DeleteFunc(p.HostNames(metaShardID), func(h string) bool { return h == n.cfg.Name })
+			},
+			Call: func(ctx context.Context, h string) error {
+				_, err := n.callPeerName(ctx, h, methodSetPlacement, raw)
+				return err
+			},
+			NoneTried: errNotReady,
+		})
 	}
 	pctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 	defer cancel()
