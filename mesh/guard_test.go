@@ -275,16 +275,6 @@ func TestGossipNestedPacketAmplification(t *testing.T) {
 		Algo int
 		Buf  []byte
 	}{0, lzwBomb(40 << 20)}) // memberlist's limit, 40 MiB, exactly
-	compound := func(parts ...[]byte) []byte {
-		out := []byte{tCompound, byte(len(parts))}
-		for _, p := range parts {
-			out = binary.BigEndian.AppendUint16(out, uint16(len(p)))
-		}
-		for _, p := range parts {
-			out = append(out, p...)
-		}
-		return out
-	}
 	hostile := [][]byte{
 		compressMsg(t, bomb),
 		compressMsg(t, compound(pingMsg(t, "target", 0), bomb)),
@@ -444,22 +434,25 @@ func TestGossipGuardEmptyStream(t *testing.T) {
 	}
 }
 
+// compound is memberlist's compound message of parts: the count, each
+// part's length, then the parts.
+func compound(parts ...[]byte) []byte {
+	out := []byte{tCompound, byte(len(parts))}
+	for _, p := range parts {
+		out = binary.BigEndian.AppendUint16(out, uint16(len(p)))
+	}
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
 // A plaintext packet must be layered as memberlist builds one (checksum,
 // compression, compound, each at most once and in that order), and a
 // compressed packet inflate to at most maxPacketBytes.
 func TestGossipGuardPacket(t *testing.T) {
 	ping := pingMsg(t, "x", 1)
 	crc := func(msg []byte) []byte { return append([]byte{msgHasCRC, 0, 0, 0, 0}, msg...) }
-	compound := func(parts ...[]byte) []byte {
-		out := []byte{tCompound, byte(len(parts))}
-		for _, p := range parts {
-			out = binary.BigEndian.AppendUint16(out, uint16(len(p)))
-		}
-		for _, p := range parts {
-			out = append(out, p...)
-		}
-		return out
-	}
 	bomb := encodeMsg(t, tCompress, struct {
 		Algo int
 		Buf  []byte
