@@ -90,7 +90,11 @@ type Node struct {
 // returns once the peer listens; calls such as Lock wait (bounded by their
 // context) until the cluster is formed. Use Ready to wait explicitly.
 func Start(ctx context.Context, cfg Config) (*Node, error) {
-	return start(ctx, cfg, testHooks{})
+	if brokenTermFence {
+		cfg.setDefaults()
+		cfg.Logger.Error("BROKEN BUILD: this binary was built with lockmesh_broken_termfence; expiries are not term-fenced and locks can be granted twice. Test use only.")
+	}
+	return start(ctx, cfg, testHooks{unsafeSkipExpiryTerm: brokenTermFence})
 }
 
 // start is Start with test hooks.

@@ -461,10 +461,14 @@ func (c *cluster) layout(t *testing.T, servers, others []string, ttl string) (ar
 }
 
 // buildPeer builds the peer program into a temporary dir.
-func buildPeer(t *testing.T) string {
+func buildPeer(t *testing.T, tags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "peer")
-	build := exec.Command("go", "build", "-o", bin, ".")
+	args := []string{"build", "-o", bin}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	build := exec.Command("go", append(args, ".")...)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

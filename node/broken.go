@@ -1,0 +1,9 @@
+package node
+
+// brokenTermFence is set only in a binary built with the build tag
+// lockmesh_broken_termfence (broken_termfence.go): it switches the term
+// fence of expiries off (testHooks.unsafeSkipExpiryTerm) in every peer the
+// binary starts, so that the multi-process checkers can show they see the
+// double grants the fence prevents, where test hooks cannot reach. No
+// release is built with it, and no Config field can set it.
+var brokenTermFence = false

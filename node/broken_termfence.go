@@ -1,0 +1,5 @@
+//go:build lockmesh_broken_termfence
+
+package node
+
+func init() { brokenTermFence = true }
