@@ -63,11 +63,9 @@ func (h routerHost) Authorize(ctx context.Context, shard uint64, cmds []lockfsm.
 	if n.authzOff() {
 		return nil
 	}
-	c := callerOf(ctx)
-	if err := n.checkKnown(c); err != nil {
-		return err
-	}
-	return n.refused(authz.Commands(c, cmds, n.shardSessions(shard)))
+	// handle has applied checkKnown to every request before it reaches
+	// ServePropose: what is left are the command rules.
+	return n.refused(authz.Commands(callerOf(ctx), cmds, n.shardSessions(shard)))
 }
 
 // shardSessions is the local replica's view of shard's sessions, read
@@ -120,16 +118,10 @@ func (s localSessions) Count(owner string) (total, owned int) {
 // remote IP (one a gossip member's RPC address had at the last look).
 func (n *Node) knownConn(remote net.Addr, st *tls.ConnectionState) bool {
 	if st != nil {
-		p := n.placement.Load()
-		if p == nil || len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
+		if len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
 			return false
 		}
-		for _, name := range transport.CertNames(st.PeerCertificates[0]) {
-			if _, ok := p.Peer(name); ok {
-				return true
-			}
-		}
-		return false
+		return listsAny(n.placement.Load(), transport.CertNames(st.PeerCertificates[0]))
 	}
 	ips := n.knownIPs.Load()
 	if ips == nil {
@@ -163,7 +155,12 @@ func (n *Node) raftMember(names []string) bool {
 	if n.authzOff() {
 		return true
 	}
-	p := n.expectedLayout()
+	return listsAny(n.expectedLayout(), names)
+}
+
+// listsAny reports whether layout p (nil: none yet) lists a peer by one
+// of names, the names a verified certificate carries.
+func listsAny(p *layout.Placement, names []string) bool {
 	if p == nil {
 		return false
 	}
