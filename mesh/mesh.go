@@ -8,7 +8,9 @@ import (
 	"log"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -416,8 +418,7 @@ func (m *Mesh) Leave(timeout time.Duration) error {
 		if mem.Name == m.cfg.Name {
 			continue
 		}
-		to := memberlist.Address{Addr: mem.Addr, Name: mem.Name}
-		if err := m.list.SendToAddress(to, intent); err != nil {
+		if err := m.sendLeaveNotice(mem, intent); err != nil {
 			m.log.Debug("mesh: leave notice not sent", "member", mem.Name, "err", err)
 		}
 	}
@@ -425,6 +426,24 @@ func (m *Mesh) Leave(timeout time.Duration) error {
 		return fmt.Errorf("mesh: leave: %w", err)
 	}
 	return nil
+}
+
+// sendLeaveNotice sends intent to mem over a stream, falling back to a
+// packet. A stream's user message is handed to NotifyMsg as it is read,
+// while a packet's waits in memberlist's low-priority queue, behind the
+// high-priority dead message Leave gossips next: under load the receiver
+// then saw the member dead before it read the notice, and reported
+// StateDead for a member that left (TestMeshMembership under -race).
+func (m *Mesh) sendLeaveNotice(mem Member, intent []byte) error {
+	host, portStr, err := net.SplitHostPort(mem.Addr)
+	ip := net.ParseIP(host)
+	port, perr := strconv.ParseUint(portStr, 10, 16)
+	if err == nil && ip != nil && perr == nil {
+		if err = m.list.SendReliable(&memberlist.Node{Name: mem.Name, Addr: ip, Port: uint16(port)}, intent); err == nil {
+			return nil
+		}
+	}
+	return m.list.SendToAddress(memberlist.Address{Addr: mem.Addr, Name: mem.Name}, intent)
 }
 
 // Close stops gossip without telling the others (call Leave first for a
