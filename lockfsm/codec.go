@@ -45,7 +45,8 @@ const (
 	tagOwner
 	tagTTL
 	tagTerm
-	maxTag = tagTerm
+	tagLabel // feature level 3
+	maxTag   = tagLabel
 )
 
 // EncodeCommands encodes a batch for one Raft entry in the newest format,
@@ -85,6 +86,9 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 		if c.Op == 0 || c.Op > maxOp {
 			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: %v", i, ErrUnsupported, c.Op)
 		}
+		if c.Label != 0 && format != FormatTagged {
+			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: a Label needs format %d, not %d", i, ErrUnsupported, FormatTagged, format)
+		}
 		if format == FormatTagged {
 			encodeTagged(e, c)
 		} else {
@@ -117,7 +121,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 	n := 0
 	for _, present := range [...]bool{
 		true, c.Session != 0, c.Req != 0, c.Ack != 0, c.Key != "", c.Wait,
-		c.Limit != 0, c.Target != 0, c.Owner != "", c.TTLMillis != 0, c.Term != 0,
+		c.Limit != 0, c.Target != 0, c.Owner != "", c.TTLMillis != 0, c.Term != 0, c.Label != 0,
 	} {
 		if present {
 			n++
@@ -150,6 +154,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 	str(tagOwner, c.Owner)
 	num(tagTTL, c.TTLMillis)
 	num(tagTerm, c.Term)
+	num(tagLabel, c.Label)
 }
 
 // DecodeCommands decodes what EncodeCommands or EncodeCommandsFormat
@@ -260,6 +265,8 @@ func (d *decoder) tagged(c *Command) {
 			c.TTLMillis = d.nonzero("ttlMillis", d.uint("ttlMillis", math.MaxUint64))
 		case tagTerm:
 			c.Term = d.nonzero("term", d.uint("term", math.MaxUint64))
+		case tagLabel:
+			c.Label = d.nonzero("label", d.uint("label", math.MaxUint64))
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("lockfsm: decode commands: %w: field tag %d at byte %d, written by a newer release: upgrade this peer", ErrUnsupported, tag, d.pos)

@@ -13,6 +13,7 @@ import (
 
 var sampleCommands = []Command{
 	{Op: OpOpenSession, Owner: "node-1", TTLMillis: 10_000},
+	{Op: OpOpenSession, Owner: "node-2", TTLMillis: 5_000, Label: math.MaxUint64},
 	{Op: OpAcquire, Session: 1, Req: 200, Ack: 150, Key: "invoice/42", Wait: true, Limit: 1},
 	{Op: OpAcquire, Session: math.MaxUint64, Req: math.MaxUint32 + 1, Key: strings.Repeat("k", MaxKeyLen), Limit: math.MaxUint32},
 	{Op: OpRelease, Session: 1, Req: 201, Target: 200},
@@ -25,6 +26,10 @@ var sampleCommands = []Command{
 
 func TestCommandsRoundTrip(t *testing.T) {
 	for _, format := range []byte{FormatPositional, FormatTagged} {
+		sampleCommands := sampleCommands
+		if format == FormatPositional { // it has no Label
+			sampleCommands = slices.DeleteFunc(slices.Clone(sampleCommands), func(c Command) bool { return c.Label != 0 })
+		}
 		b, err := EncodeCommandsFormat(format, sampleCommands)
 		if err != nil {
 			t.Fatal(err)
@@ -80,6 +85,11 @@ func TestTaggedIsCompact(t *testing.T) {
 func TestDecodeRefusesWhatItDoesNotKnow(t *testing.T) {
 	if _, err := EncodeCommands([]Command{{Op: maxOp + 1}}); !errors.Is(err, ErrUnsupported) {
 		t.Errorf("encoding an unknown op: %v", err)
+	}
+	// The positional format has no place for a Label: it is refused, not
+	// dropped.
+	if _, err := EncodeCommandsFormat(FormatPositional, []Command{{Op: OpOpenSession, Owner: "n", TTLMillis: 1, Label: 7}}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("encoding a Label in the positional format: %v, want ErrUnsupported", err)
 	}
 	cases := map[string][]byte{
 		"tagged unknown op":     {FormatTagged, 0x91, 0x81, tagOp, byte(maxOp + 1)},
@@ -162,7 +172,7 @@ func TestEncodeRejectsWhatCannotDecode(t *testing.T) {
 }
 
 func TestDecodeCommandsErrors(t *testing.T) {
-	good, _ := EncodeCommandsFormat(FormatPositional, sampleCommands[:2])
+	good, _ := EncodeCommandsFormat(FormatPositional, []Command{sampleCommands[0], sampleCommands[2]})
 	const Version = FormatPositional // the records below are positional
 	cases := map[string][]byte{
 		"empty":          {},

@@ -94,6 +94,9 @@ func genLog(data []byte) [][]Command {
 				c.Op = OpOpenSession
 				c.Owner = fmt.Sprintf("n%d", b%3)
 				c.TTLMillis = 1000
+				if b&0x40 != 0 {
+					c.Label = uint64(b)<<32 | 1
+				}
 			case 2, 3, 4, 5, 6:
 				c.Op = OpAcquire
 			case 7, 8, 9:

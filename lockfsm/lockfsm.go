@@ -29,10 +29,12 @@ const (
 	// snapshots written by earlier releases stay readable after an upgrade.
 	MinVersion = 1
 
-	// SnapshotVersion is the format of snapshots Save writes, and the only
-	// one SaveFormat writes; Load reads MinVersion to SnapshotVersion.
-	// Version 2 added the leader term; every feature level reads it.
-	SnapshotVersion = 2
+	// SnapshotVersion is the newest snapshot format, the one Save writes;
+	// Load reads MinVersion to SnapshotVersion. Version 2 added the leader
+	// term, and every feature level reads it; version 3 adds each session's
+	// Label, and a cluster writes it from feature level 3 on (see
+	// SaveFormat and MinSnapshotFormat).
+	SnapshotVersion = 3
 	// ResultVersion is the format of result batches EncodeResults writes;
 	// DecodeResults reads MinVersion to ResultVersion. Results travel back
 	// to the proposer, which may run an older release than the replica.
@@ -69,7 +71,8 @@ type Op uint8
 
 // The commands of the lock state machine.
 const (
-	// OpOpenSession opens a session for Owner with TTLMillis. The result
+	// OpOpenSession opens a session for Owner with TTLMillis, and Label
+	// when one is given (FormatTagged only). The result
 	// carries the new session ID: the entry index for the first OpenSession
 	// of an entry, and 1<<63 | index<<12 | position for any later one in the
 	// same entry (position is the command's place in the batch), so IDs are
@@ -144,6 +147,12 @@ type Command struct {
 	// TTLMillis is the session's time to live (OpenSession); it must be > 0.
 	// The state machine only stores it: expiry is proposed by the leader.
 	TTLMillis uint64
+	// Label names the client-side session this replicated session belongs
+	// to (OpenSession): a node.Session opens one replicated session per
+	// shard, each with its own ID, and gives them all its one Label, which
+	// queries return with every holder. 0 means none. Only FormatTagged
+	// carries it (tag 12): a cluster writes it from feature level 3 on.
+	Label uint64
 	// Term is the Raft term of the leader that decided the command
 	// (ExpireSession, LeaderTerm). An ExpireSession applies only if its
 	// Term is the leader term the state has recorded: a leader whose term
@@ -283,6 +292,7 @@ type session struct {
 	id      uint64
 	owner   string
 	ttl     uint64
+	label   uint64 // Command.Label of its OpenSession; 0 for none
 	ack     uint64
 	held    int
 	waiting int
@@ -441,7 +451,7 @@ func (a *applier) openSession(c *Command, pos int, extra bool) Result {
 		}
 		id = extraSessionBit | a.index<<12 | uint64(pos)
 	}
-	a.s.sessions[id] = &session{id: id, owner: c.Owner, ttl: c.TTLMillis, reqs: map[uint64]*attempt{}}
+	a.s.sessions[id] = &session{id: id, owner: c.Owner, ttl: c.TTLMillis, label: c.Label, reqs: map[uint64]*attempt{}}
 	return Result{Status: StatusOK, Session: id}
 }
 

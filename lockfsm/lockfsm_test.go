@@ -2,6 +2,7 @@ package lockfsm
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -86,7 +87,7 @@ func TestApplyTable(t *testing.T) {
 			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
 		}, check: func(t *testing.T, s *State) {
 			info, ok := s.Key("x")
-			if !ok || info.Limit != 1 || len(info.Holders) != 1 || info.Holders[0] != (Holder{A, 1, 1, "na"}) {
+			if !ok || info.Limit != 1 || len(info.Holders) != 1 || info.Holders[0] != (Holder{A, 1, 1, "na", 0}) {
 				t.Errorf("Key(x) = %+v, %v", info, ok)
 			}
 		}},
@@ -264,7 +265,7 @@ func TestApplyTable(t *testing.T) {
 			one(acq(B, 3, "x", true), queued),
 		}, check: func(t *testing.T, s *State) {
 			info, _ := s.Key("x")
-			want := []Holder{{C, 4, 0, "nc"}, {B, 3, 0, "nb"}}
+			want := []Holder{{C, 4, 0, "nc", 0}, {B, 3, 0, "nb", 0}}
 			if !slices.Equal(info.Waiters, want) {
 				t.Errorf("Waiters = %+v, want %+v", info.Waiters, want)
 			}
@@ -519,5 +520,58 @@ func TestSnapshotKeepsTerm(t *testing.T) {
 	}
 	if r.Term() != 0 || r.Index() != 5 || r.Stats().NextToken != 4 {
 		t.Fatalf("version 1 snapshot loaded as term %d index %d stats %+v", r.Term(), r.Index(), r.Stats())
+	}
+}
+
+// A session's label is kept in the state, answered by queries and carried
+// by snapshots of format 3. Format 2, what a cluster below level 3 writes,
+// has no place for it: a state with a label refuses it rather than drop
+// the label, and MinSnapshotFormat says so first. A format 2 snapshot
+// loads with no labels.
+func TestSnapshotFormatsAndLabels(t *testing.T) {
+	s := New()
+	s.Apply(1, []Command{{Op: OpOpenSession, Owner: "n", TTLMillis: 1000}})
+	s.Apply(2, []Command{{Op: OpAcquire, Session: 1, Req: 1, Key: "x"}})
+	if got := s.MinSnapshotFormat(); got != 2 {
+		t.Fatalf("MinSnapshotFormat without labels = %d, want 2", got)
+	}
+	for _, format := range []byte{2, 3} {
+		var buf bytes.Buffer
+		if err := s.SaveFormat(&buf, format); err != nil || buf.Bytes()[0] != format {
+			t.Fatalf("SaveFormat(%d): %v", format, err)
+		}
+		r := New()
+		if err := r.Load(&buf); err != nil {
+			t.Fatalf("Load of format %d: %v", format, err)
+		}
+		if !bytes.Equal(snapshot(t, r), snapshot(t, s)) {
+			t.Fatalf("format %d did not round-trip", format)
+		}
+	}
+
+	s.Apply(3, []Command{{Op: OpOpenSession, Owner: "m", TTLMillis: 1000, Label: 0xfeed}})
+	s.Apply(4, []Command{{Op: OpAcquire, Session: 3, Req: 1, Key: "x", Wait: true}})
+	if got := s.MinSnapshotFormat(); got != 3 {
+		t.Fatalf("MinSnapshotFormat with a label = %d, want 3", got)
+	}
+	var buf bytes.Buffer
+	if err := s.SaveFormat(&buf, 2); !errors.Is(err, ErrVersion) || buf.Len() != 0 || !strings.Contains(err.Error(), "label") {
+		t.Fatalf("SaveFormat(2) of a labelled state: %v, %d bytes; want ErrVersion naming the labels and nothing written", err, buf.Len())
+	}
+	r := New()
+	if err := r.Load(bytes.NewReader(snapshot(t, s))); err != nil {
+		t.Fatal(err)
+	}
+	info, _ := r.Key("x")
+	if len(info.Waiters) != 1 || info.Waiters[0].Label != 0xfeed || info.Holders[0].Label != 0 {
+		t.Fatalf("restored Key(x) = %+v, want the waiter labelled 0xfeed and the holder unlabelled", info)
+	}
+	if si, ok := r.Session(3); !ok || si.Label != 0xfeed {
+		t.Fatalf("restored Session(3) = %+v, %v", si, ok)
+	}
+	// Once the labelled session ends, format 2 can hold the state again.
+	r.Apply(5, []Command{{Op: OpCloseSession, Session: 3}})
+	if got := r.MinSnapshotFormat(); got != 2 {
+		t.Fatalf("MinSnapshotFormat after the labelled session closed = %d, want 2", got)
 	}
 }

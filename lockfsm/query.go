@@ -33,10 +33,12 @@ func (s *State) Request(session, req uint64) (info RequestInfo, sessionFound boo
 	return RequestInfo{Found: true, Key: at.key, State: at.state, Token: at.token}, true
 }
 
-// Holder is a holder or waiter of a key. Waiters have Token 0.
+// Holder is a holder or waiter of a key. Waiters have Token 0. Owner and
+// Label are its session's (Command.Owner and Command.Label).
 type Holder struct {
 	Session, Req, Token uint64
 	Owner               string
+	Label               uint64
 }
 
 // KeyInfo describes a key that is held or waited for.
@@ -68,7 +70,7 @@ func (s *State) holders(slots []slot) []Holder {
 	for i, h := range slots {
 		out[i] = Holder{Session: h.session, Req: h.req, Token: h.token}
 		if sess := s.sessions[h.session]; sess != nil {
-			out[i].Owner = sess.owner
+			out[i].Owner, out[i].Label = sess.owner, sess.label
 		}
 	}
 	return out
@@ -79,12 +81,13 @@ type SessionInfo struct {
 	ID        uint64
 	Owner     string
 	TTLMillis uint64
+	Label     uint64
 	// Held and Waiting count the session's live attempts.
 	Held, Waiting int
 }
 
 func (sess *session) info() SessionInfo {
-	return SessionInfo{ID: sess.id, Owner: sess.owner, TTLMillis: sess.ttl, Held: sess.held, Waiting: sess.waiting}
+	return SessionInfo{ID: sess.id, Owner: sess.owner, TTLMillis: sess.ttl, Label: sess.label, Held: sess.held, Waiting: sess.waiting}
 }
 
 // Sessions returns every live session sorted by ID. The leader uses it to

@@ -11,19 +11,21 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Snapshot format (SnapshotVersion 2, written at every feature level this
-// release speaks): the version byte, then one canonical msgpack array (see
-// the wire format in codec.go):
+// Snapshot format (SnapshotVersion 3, written from feature level 3 on, and
+// at any level by a state that holds what only it can carry; see
+// MinSnapshotFormat): the version byte, then one canonical msgpack array
+// (see the wire format in codec.go):
 //
 //	[index, lastToken, term, sessions, keys]
-//	session: [id, owner, ttlMillis, ack, attempts]   sessions sorted by id
+//	session: [id, owner, ttlMillis, ack, attempts, label]   sessions sorted by id
 //	attempt: [req, key, state, token, last]          attempts sorted by req
 //	key:     [key, limit, holders, waiters]          keys sorted by bytes
 //	holder:  [session, req, token]                   in grant order
 //	waiter:  [session, req]                          in FIFO order
 //
-// Version 1 snapshots have no term ([index, lastToken, sessions, keys]) and
-// load with term 0.
+// Version 2 sessions have no label ([id, owner, ttlMillis, ack, attempts])
+// and load with label 0; version 1 snapshots also have no term ([index,
+// lastToken, sessions, keys]) and load with term 0.
 //
 // Sorted order and shortest encodings make the snapshot a function of the
 // state alone: equal states give equal bytes, and Load accepts only that
@@ -33,7 +35,8 @@ import (
 const (
 	snapshotFields   = 5
 	snapshotFieldsV1 = 4
-	sessionFields    = 5
+	sessionFields    = 6
+	sessionFieldsV2  = 5
 	attemptFields    = 5
 	keyFields        = 4
 	holderFields     = 3
@@ -48,16 +51,23 @@ func (s *State) Save(w io.Writer) error { return s.SaveFormat(w, SnapshotVersion
 // SaveFormat writes the canonical snapshot of the state to w in the given
 // snapshot format: a cluster writes the format its feature level allows, so
 // that every replica it may send the snapshot to can load it. This release
-// writes one format, SnapshotVersion (2), which every feature level it
-// speaks reads; any other format is refused with ErrVersion before
-// anything is written. A later format is added here.
+// writes formats 2 and 3. Format 2 cannot carry session labels: a state
+// that holds one is refused with ErrVersion, as is any other format, before
+// anything is written (MinSnapshotFormat says which format a state needs).
 func (s *State) SaveFormat(w io.Writer, format byte) error {
-	if format != SnapshotVersion {
-		return fmt.Errorf("lockfsm: save snapshot: %w: format %d, this release writes only %d", ErrVersion, format, SnapshotVersion)
+	if format != 2 && format != SnapshotVersion {
+		return fmt.Errorf("lockfsm: save snapshot: %w: format %d, this release writes 2 and %d", ErrVersion, format, SnapshotVersion)
+	}
+	if need := s.MinSnapshotFormat(); format < need {
+		return fmt.Errorf("lockfsm: save snapshot: %w: format %d cannot hold this state's session labels, which need format %d", ErrVersion, format, need)
 	}
 	bw := bufio.NewWriter(w)
 	if err := bw.WriteByte(format); err != nil {
 		return fmt.Errorf("lockfsm: save snapshot: %w", err)
+	}
+	fields := sessionFields
+	if format == 2 {
+		fields = sessionFieldsV2
 	}
 	e := stickyEncoder{e: msgpack.NewEncoder(bw)}
 	e.arrayLen(snapshotFields)
@@ -74,7 +84,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 	reqs := []uint64{}
 	for _, id := range ids {
 		sess := s.sessions[id]
-		e.arrayLen(sessionFields)
+		e.arrayLen(fields)
 		e.uint(sess.id)
 		e.str(sess.owner)
 		e.uint(sess.ttl)
@@ -93,6 +103,9 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 			e.uint(uint64(at.state))
 			e.uint(at.token)
 			e.uint(at.last)
+		}
+		if fields == sessionFields {
+			e.uint(sess.label)
 		}
 	}
 
@@ -128,6 +141,20 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 		return fmt.Errorf("lockfsm: save snapshot: %w", err)
 	}
 	return nil
+}
+
+// MinSnapshotFormat is the oldest snapshot format that can hold the state:
+// 3 once a session has a label, which only a cluster at feature level 3
+// writes, else 2. A replica writes at least this format even while its
+// own view of the cluster's level still says 2: the entry that opened a
+// labelled session was proposed at level 3, so every member reads format 3.
+func (s *State) MinSnapshotFormat() byte {
+	for _, sess := range s.sessions {
+		if sess.label != 0 {
+			return 3
+		}
+	}
+	return 2
 }
 
 // stickyEncoder keeps the first write error so Save checks once.
@@ -194,14 +221,18 @@ func decodeSnapshot(b []byte) (*State, error) {
 		return nil, d.err
 	}
 
-	// Smallest session: header, id, owner, ttl, ack, attempts = 6 bytes.
-	n, err := d.arrayLen("sessions", sessionFields+1)
+	sessFields := sessionFields
+	if d.version < 3 {
+		sessFields = sessionFieldsV2
+	}
+	// Smallest session: header, id, owner, ttl, ack, attempts(, label).
+	n, err := d.arrayLen("sessions", sessFields+1)
 	if err != nil {
 		return nil, err
 	}
 	var prevID uint64
 	for i := 0; i < n; i++ {
-		_ = d.record("session", sessionFields)
+		_ = d.record("session", sessFields)
 		sess := &session{}
 		sess.id = d.uint("session id", math.MaxUint64)
 		sess.owner = d.str("owner", MaxOwnerLen)
@@ -243,6 +274,12 @@ func decodeSnapshot(b []byte) (*State, error) {
 				sess.waiting++
 			default:
 				sess.terminal = append(sess.terminal, req)
+			}
+		}
+		if sessFields == sessionFields {
+			sess.label = d.uint("label", math.MaxUint64)
+			if d.err != nil {
+				return nil, d.err
 			}
 		}
 		s.sessions[sess.id] = sess
