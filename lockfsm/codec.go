@@ -101,6 +101,20 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// MinCommandFormat is the oldest command format that can carry cmds:
+// FormatTagged when one has a Label, else FormatPositional. A batch is
+// written in at least this format even by a peer whose view of the
+// cluster's level still says 1: a Label is set only once level 3 is
+// committed, so every member reads FormatTagged.
+func MinCommandFormat(cmds []Command) byte {
+	for i := range cmds {
+		if cmds[i].Label != 0 {
+			return FormatTagged
+		}
+	}
+	return FormatPositional
+}
+
 func encodePositional(e *msgpack.Encoder, c *Command) {
 	_ = e.EncodeArrayLen(commandFields)
 	_ = e.EncodeUint(uint64(c.Op))

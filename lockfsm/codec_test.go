@@ -86,6 +86,9 @@ func TestDecodeRefusesWhatItDoesNotKnow(t *testing.T) {
 	if _, err := EncodeCommands([]Command{{Op: maxOp + 1}}); !errors.Is(err, ErrUnsupported) {
 		t.Errorf("encoding an unknown op: %v", err)
 	}
+	if MinCommandFormat(sampleCommands[:1]) != FormatPositional || MinCommandFormat(sampleCommands) != FormatTagged {
+		t.Errorf("MinCommandFormat: %d without a Label, %d with one", MinCommandFormat(sampleCommands[:1]), MinCommandFormat(sampleCommands))
+	}
 	// The positional format has no place for a Label: it is refused, not
 	// dropped.
 	if _, err := EncodeCommandsFormat(FormatPositional, []Command{{Op: OpOpenSession, Owner: "n", TTLMillis: 1, Label: 7}}); !errors.Is(err, ErrUnsupported) {

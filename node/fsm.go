@@ -215,7 +215,7 @@ func (s *lockSM) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-cha
 	}
 	format := byte(lockfsm.SnapshotVersion)
 	if s.snapshotFormat != nil {
-		format = s.snapshotFormat()
+		format = max(s.snapshotFormat(), s.state.MinSnapshotFormat())
 	}
 	return s.state.SaveFormat(w, format)
 }
@@ -328,11 +328,13 @@ const (
 )
 
 // metaSnapshotFormat is the meta snapshot format a cluster at level writes.
-// Releases before this one, which speak levels 1 and 2, read only version
-// 1, so both levels write it; version 2 is written from the first level
-// that only releases reading it speak (a later release adds that level).
+// Releases before 0.2.0, which speak levels 1 and 2, read only version 1,
+// so both levels write it; version 2 is written from level 3, which only
+// releases that read it speak.
 func metaSnapshotFormat(level uint8) byte {
-	_ = level
+	if level >= 3 {
+		return metaSnapshotV2
+	}
 	return metaSnapshotV1
 }
 

@@ -15,8 +15,15 @@ import (
 type Holder struct {
 	// Peer is the name of the peer whose session holds or waits.
 	Peer string
-	// Session and Request identify the acquire attempt.
-	Session, Request uint64
+	// Session is the id of the Session that holds or waits (Session.ID),
+	// the same on every shard; 0 for a session opened on this shard
+	// before the cluster ran at feature level 3. Locks taken with
+	// Node.Lock belong to one default Session per shard.
+	Session uint64
+	// ShardSession and Request identify the acquire attempt on the key's
+	// shard: ShardSession is the id of the Session's replicated session
+	// there, its own on each shard.
+	ShardSession, Request uint64
 	// Token is the fencing token of a holder; 0 for waiters.
 	Token uint64
 }
@@ -58,7 +65,7 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 func holders(hs []lockfsm.Holder) []Holder {
 	out := make([]Holder, len(hs))
 	for i, h := range hs {
-		out[i] = Holder{Peer: h.Owner, Session: h.Session, Request: h.Req, Token: h.Token}
+		out[i] = Holder{Peer: h.Owner, Session: h.Label, ShardSession: h.Session, Request: h.Req, Token: h.Token}
 	}
 	return out
 }

@@ -78,6 +78,14 @@ func (n *Node) newSession(ttl time.Duration) (*Session, error) {
 // TTL returns the session's time to live.
 func (s *Session) TTL() time.Duration { return s.o.TTL() }
 
+// ID returns the session's id: random, never 0, and the same on every
+// shard, so Inspect shows it (Holder.Session) for each of its locks and
+// waits. Its locks on a shard are held by a replicated session of that
+// shard, whose own id Inspect shows as Holder.ShardSession. A cluster
+// records the id from feature level 3 on; sessions opened on a shard
+// before it runs at level 3 show 0 there.
+func (s *Session) ID() uint64 { return s.o.Label() }
+
 // Done is closed when the session ends: lost (ErrLeaseExpired), closed
 // (ErrSessionClosed) or ended with its node (ErrClosed). Err says which.
 func (s *Session) Done() <-chan struct{} { return s.o.Done() }
@@ -147,6 +155,7 @@ func newClient(n *Node) *client.Client {
 		KeepAlive:   n.keepAliveShard,
 		Go:          func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
 		Stop:        n.stop,
+		Labels:      n.labels,
 	})
 }
 

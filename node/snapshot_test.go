@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -48,10 +49,12 @@ func TestLockSMHaltsOnUnreadableSnapshot(t *testing.T) {
 		wantErr     error
 		wantText    string
 	}{
-		{"newer version", newer, 0, lockfsm.SnapshotVersion + 1, lockfsm.ErrVersion, "got version 3, this release reads 1 to 2"},
+		{"newer version", newer, 0, lockfsm.SnapshotVersion + 1, lockfsm.ErrVersion,
+			fmt.Sprintf("got version %d, this release reads 1 to %d", lockfsm.SnapshotVersion+1, lockfsm.SnapshotVersion)},
 		{"unknown shape", append(slices.Clone(good), 0x00), 0, lockfsm.SnapshotVersion, lockfsm.ErrCorrupt, "snapshot"},
 		{"truncated", good[:len(good)/2], 0, lockfsm.SnapshotVersion, lockfsm.ErrCorrupt, "snapshot"},
-		{"held to an older release", good, 1, lockfsm.SnapshotVersion, lockfsm.ErrVersion, "snapshot format 2 is newer than 1, the newest this peer is held to"},
+		{"held to an older release", good, 1, lockfsm.SnapshotVersion, lockfsm.ErrVersion,
+			fmt.Sprintf("snapshot format %d is newer than 1, the newest this peer is held to", lockfsm.SnapshotVersion)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stopped []*HaltError
@@ -98,22 +101,38 @@ func TestLockSMHaltsOnUnreadableSnapshot(t *testing.T) {
 }
 
 // A readable snapshot loads, and a replica saves the format of the
-// cluster's level, which every release at that level reads.
+// cluster's level, which every release at that level reads, or the newer
+// one its state needs: a session label exists only once level 3 is
+// committed, even while this peer's view of the level still says 2.
 func TestLockSMSavesTheLevelsSnapshotFormat(t *testing.T) {
-	for level := minLevel; level <= maxLevel; level++ {
-		if f := snapshotFormat(level); f != 2 {
-			t.Errorf("level %d writes snapshot format %d; releases at level 1 read only 1 and 2, and level 2 added none", level, f)
+	for level, want := range map[uint8]byte{1: 2, 2: 2, 3: 3} {
+		if f := snapshotFormat(level); f != want {
+			t.Errorf("level %d writes snapshot format %d, want %d: releases at levels 1 and 2 read only formats 1 and 2", level, f, want)
 		}
 	}
 	good := lockSnapshot(t)
-	s := &lockSM{shard: 5, state: lockfsm.New(), maxFormat: lockfsm.Version,
-		snapshotFormat: func() byte { return snapshotFormat(1) }}
-	if err := s.RecoverFromSnapshot(bytes.NewReader(good), nil, nil); err != nil || s.halt.err != nil {
-		t.Fatalf("RecoverFromSnapshot: %v, halt %v", err, s.halt.err)
+	for level := minLevel; level <= maxLevel; level++ {
+		s := &lockSM{shard: 5, state: lockfsm.New(), maxFormat: lockfsm.Version,
+			snapshotFormat: func() byte { return snapshotFormat(level) }}
+		if err := s.RecoverFromSnapshot(bytes.NewReader(good), nil, nil); err != nil || s.halt.err != nil {
+			t.Fatalf("RecoverFromSnapshot: %v, halt %v", err, s.halt.err)
+		}
+		var buf bytes.Buffer
+		if err := s.SaveSnapshot(&buf, nil, nil); err != nil || buf.Bytes()[0] != snapshotFormat(level) {
+			t.Fatalf("level %d: SaveSnapshot after loading: %v, format %d", level, err, buf.Bytes()[0])
+		}
+		r := lockfsm.New()
+		if err := r.Load(&buf); err != nil || !reflect.DeepEqual(r.Sessions(), s.state.Sessions()) {
+			t.Fatalf("level %d: the saved snapshot loads as %v, %+v", level, err, r.Sessions())
+		}
 	}
+
+	s := &lockSM{shard: 5, state: lockfsm.New(), maxFormat: lockfsm.Version,
+		snapshotFormat: func() byte { return snapshotFormat(2) }}
+	s.state.Apply(1, []lockfsm.Command{{Op: lockfsm.OpOpenSession, Owner: "a", TTLMillis: 1000, Label: 9}})
 	var buf bytes.Buffer
-	if err := s.SaveSnapshot(&buf, nil, nil); err != nil || !bytes.Equal(buf.Bytes(), good) {
-		t.Fatalf("SaveSnapshot after loading: %v, or bytes differ", err)
+	if err := s.SaveSnapshot(&buf, nil, nil); err != nil || buf.Bytes()[0] != 3 {
+		t.Fatalf("a labelled state at level 2: SaveSnapshot %v, format %d; want format 3", err, buf.Bytes()[0])
 	}
 }
 
@@ -153,10 +172,29 @@ func TestMetaSnapshotRoundTrip(t *testing.T) {
 	if !bytes.Equal(buf.Bytes(), oldMetaSnapshot(1, placement)) {
 		t.Fatalf("a level-1 meta snapshot is not the version-1 shape earlier releases read: % x", buf.Bytes())
 	}
-	for level := minLevel; level <= maxLevel; level++ {
-		if f := metaSnapshotFormat(level); f != metaSnapshotV1 {
-			t.Errorf("level %d writes meta snapshot version %d; releases before it read only version 1", level, f)
+	for level, want := range map[uint8]byte{1: metaSnapshotV1, 2: metaSnapshotV1, 3: metaSnapshotV2} {
+		if f := metaSnapshotFormat(level); f != want {
+			t.Errorf("level %d writes meta snapshot version %d, want %d: releases at levels 1 and 2 read only version 1", level, f, want)
 		}
+	}
+	// A layout at level 3 is saved in version 2 and loads back.
+	p3 := layout.New(7, 2, 1, layout.KeySchemeHashTag, []layout.Peer{{Name: "a", NodeHostID: "id-a"}})
+	p3.Level = 3
+	placement3, err := layout.Encode(p3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m3 := &metaSM{}
+	if r, _ := m3.Update(sm.Entry{Index: 3, Cmd: placement3}); r.Value != 1 {
+		t.Fatalf("apply a level-3 layout: %+v", r)
+	}
+	var buf3 bytes.Buffer
+	if err := m3.SaveSnapshot(&buf3, nil, nil); err != nil || buf3.Bytes()[0] != metaSnapshotV2 {
+		t.Fatalf("a level-3 layout's meta snapshot: %v, first byte %d; want version %d", err, buf3.Bytes()[0], metaSnapshotV2)
+	}
+	r3 := &metaSM{}
+	if err := r3.RecoverFromSnapshot(bytes.NewReader(buf3.Bytes()), nil, nil); err != nil || r3.halt.err != nil || !bytes.Equal(r3.placement, placement3) || r3.epoch != 1 {
+		t.Fatalf("the version-2 meta snapshot loads as %v, halt %v, epoch %d", err, r3.halt.err, r3.epoch)
 	}
 
 	v2, err := encodeMetaSnapshot(metaSnapshotV2, 1, placement)

@@ -19,9 +19,18 @@ import (
 //	level 1: commands in lockfsm.FormatPositional (releases before levels).
 //	level 2: commands in lockfsm.FormatTagged; new clusters hash keys with
 //	         hash tags (layout.KeySchemeHashTag).
+//	level 3: sessions carry their Session's label (Session.ID, in
+//	         OpenSession's tag 12 and lock snapshot format 3), and meta
+//	         snapshots start with a version byte (format 2).
+//
+// A level's formats may still change until the release that introduces it
+// is cut (internal/release): level 3 is this release's, 0.2.0.
 const (
 	minLevel uint8 = 1
-	maxLevel uint8 = 2
+	maxLevel uint8 = 3
+
+	// labelLevel is the first level whose sessions carry labels.
+	labelLevel uint8 = 3
 )
 
 // FeatureLevels returns the oldest and newest feature levels this release
@@ -41,12 +50,18 @@ func commandFormat(level uint8) byte {
 // snapshotFormat is the lockfsm snapshot format a cluster at level writes.
 // Snapshot version 2 came with command format 2 (both added the leader
 // term), so every release at level 1 reads it, and level 2 added no
-// snapshot format: it is 2 at every level this release speaks. A level
-// that adds a snapshot format maps to it here, and lower levels keep 2.
+// snapshot format; level 3 added format 3 (session labels). A replica
+// writes at least what its state needs (lockfsm.MinSnapshotFormat).
 func snapshotFormat(level uint8) byte {
-	_ = level
+	if level >= labelLevel {
+		return 3
+	}
 	return 2
 }
+
+// labels reports whether sessions opened now carry their label: the
+// cluster runs at labelLevel or above.
+func (n *Node) labels() bool { return n.clusterLevel() >= labelLevel }
 
 // topLevel is the newest level this peer speaks: maxLevel, or lower when a
 // test holds the peer back to play an older release.

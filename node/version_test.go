@@ -220,7 +220,8 @@ func waitConverged(t *testing.T, peers []*testPeer, shard uint64) {
 // the newer format that reaches it anyway stops its replica instead of
 // being skipped, while the others go on. Once the peer is upgraded, its
 // replica replays that entry, the controller raises the level to 2, and
-// every replica of every shard holds the same state.
+// every replica of every shard holds the same state. A Session's locks
+// show its ID in Inspect once the level is raised, and 0 before.
 func TestRollingUpgradeFromLevel1(t *testing.T) {
 	o := clusterOpts{expect: 3, shards: 2, rf: 3}
 	var peers []*testPeer
@@ -274,6 +275,11 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 		t.Fatalf("level raised to %d while a peer speaks only 1", lv)
 	}
 
+	// Below level 3 sessions go unlabelled: Inspect shows no Session id.
+	if ids := sessionIDsShown(t, peers[0].node); ids[0] != 0 || ids[1] != 0 {
+		t.Fatalf("Inspect shows Session ids %v at level 1; the old peer would halt on a label", ids)
+	}
+
 	// A format-3 entry forced into a shard: the old replica stops there.
 	shard := layout.FirstLockShard
 	forced, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{{Op: lockfsm.OpOpenSession, Owner: "forced", TTLMillis: 60_000}})
@@ -315,13 +321,13 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 	for {
 		raised := true
 		for _, p := range peers {
-			raised = raised && levelOf(p.node.placement.Load()) == 2
+			raised = raised && levelOf(p.node.placement.Load()) == maxLevel
 		}
 		if raised {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the level was not raised to 2 after the upgrade")
+			t.Fatalf("the level was not raised to %d after the upgrade", maxLevel)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -337,6 +343,10 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	ids := sessionIDsShown(t, old.node)
+	if ids[0] == 0 || ids[0] != ids[1] {
+		t.Fatalf("after the raise, Inspect shows Session ids %v for one Session's locks on two shards; want its ID on both", ids)
+	}
 	for s := layout.FirstLockShard; s < layout.FirstLockShard+2; s++ {
 		for _, p := range peers {
 			if he := p.node.haltedShard(s); he != nil {
@@ -344,5 +354,48 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 			}
 		}
 		waitConverged(t, peers, s)
+	}
+}
+
+// sessionIDsShown locks a key on each of two shards with one new Session
+// of n, and returns the Session id Inspect shows for each lock, after
+// checking it is the one of the Session's ID or 0.
+func sessionIDsShown(t *testing.T, n *Node) [2]uint64 {
+	t.Helper()
+	ctx := ctxT(t, 20*time.Second)
+	s, err := n.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	p := n.placement.Load()
+	var ids [2]uint64
+	for i, shard := range []uint64{layout.FirstLockShard, layout.FirstLockShard + 1} {
+		key := keyOnShard(p, shard, "sid")
+		if _, err := s.Lock(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		info, err := n.Inspect(ctx, key)
+		if err != nil || len(info.Holders) != 1 {
+			t.Fatalf("Inspect(%q): %+v, %v", key, info, err)
+		}
+		h := info.Holders[0]
+		if h.Session != 0 && h.Session != s.ID() {
+			t.Fatalf("Inspect(%q) shows Session %d; the holder's ID is %d", key, h.Session, s.ID())
+		}
+		if h.ShardSession == 0 || h.Peer != n.Name() {
+			t.Fatalf("Inspect(%q) holder %+v: no shard session or the wrong peer", key, h)
+		}
+		ids[i] = h.Session
+	}
+	return ids
+}
+
+// keyOnShard returns the first key prefix-N that layout p places on shard.
+func keyOnShard(p *layout.Placement, shard uint64, prefix string) string {
+	for i := 0; ; i++ {
+		if key := fmt.Sprintf("%s-%d", prefix, i); p.ShardOf(key) == shard {
+			return key
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -85,6 +86,11 @@ type Config struct {
 	Go func(f func(ctx context.Context))
 	// Stop is closed when the node stops.
 	Stop <-chan struct{}
+	// Labels reports whether the cluster's feature level lets an
+	// OpenSession carry its Owner's label (lockfsm.Command.Label); nil
+	// means never. Before then the replicated sessions go unlabelled:
+	// a peer of an older release would halt on the field.
+	Labels func() bool
 }
 
 // Client is the client side of one peer: its Owners (node's Sessions),
@@ -145,9 +151,19 @@ func (c *Client) newOwnerLocked(ttl time.Duration) (*Owner, error) {
 	if c.closed || c.stopped() {
 		return nil, lockerr.Closed
 	}
-	o := &Owner{c: c, ttl: ttl, shards: map[uint64]*slot{}, done: make(chan struct{})}
+	o := &Owner{c: c, ttl: ttl, label: newLabel(), shards: map[uint64]*slot{}, done: make(chan struct{})}
 	c.owners[o] = struct{}{}
 	return o, nil
+}
+
+// newLabel is a random Owner label: never 0 (no label), and with 64
+// random bits two Owners of a cluster share one with odds of about n²/2⁶⁵.
+func newLabel() uint64 {
+	for {
+		if l := rand.Uint64(); l != 0 {
+			return l
+		}
+	}
 }
 
 // Default returns the live default Owner of shard, with Config.SessionTTL,

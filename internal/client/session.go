@@ -20,6 +20,9 @@ import (
 type Owner struct {
 	c   *Client
 	ttl time.Duration
+	// label names the Owner on every shard: each of its replicated
+	// sessions has an id of its shard's own, and all carry this label.
+	label uint64
 	// shared is set for the default Owners node.Lock uses: every goroutine
 	// of the node locks through them, so a second Lock of a held key is
 	// another goroutine queueing behind the first, not a self-wait.
@@ -38,6 +41,10 @@ type slot struct {
 	s    *Session
 	err  error
 }
+
+// Label returns the Owner's label: random, never 0, and given to every
+// replicated session it opens once the cluster's level allows it.
+func (o *Owner) Label() uint64 { return o.label }
 
 // TTL returns the Owner's time to live.
 func (o *Owner) TTL() time.Duration { return o.ttl }
@@ -224,9 +231,13 @@ type Session struct {
 // from the moment the open was sent, as a keepalive's does.
 func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session, error) {
 	sent := c.now()
-	res, err := c.cfg.Apply(ctx, shard, lockfsm.Command{
+	cmd := lockfsm.Command{
 		Op: lockfsm.OpOpenSession, Owner: c.cfg.Name, TTLMillis: uint64((owner.ttl + time.Millisecond - 1) / time.Millisecond),
-	})
+	}
+	if c.cfg.Labels != nil && c.cfg.Labels() {
+		cmd.Label = owner.label
+	}
+	res, err := c.cfg.Apply(ctx, shard, cmd)
 	if err != nil {
 		return nil, fmt.Errorf("open session on shard %d: %w", shard, err)
 	}

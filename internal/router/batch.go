@@ -147,8 +147,11 @@ func (b *batcher) commit(batch []*RequestState) {
 		cmds[i] = rs.cmd
 	}
 	// Written in the format of the cluster's level, which every replica
-	// reads; a layout this peer knows may lag, never lead, the level.
-	data, err := lockfsm.EncodeCommandsFormat(b.r.host.CommandFormat(), cmds)
+	// reads; a layout this peer knows may lag, never lead, the level, and
+	// a command that only a higher level writes (lockfsm.MinCommandFormat)
+	// proves that level committed.
+	format := max(b.r.host.CommandFormat(), lockfsm.MinCommandFormat(cmds))
+	data, err := lockfsm.EncodeCommandsFormat(format, cmds)
 	if err != nil {
 		failAll(batch, err)
 		return
