@@ -33,12 +33,14 @@ import (
 //     cluster's feature level is raised;
 //  4. s2 and s3 are upgraded: every server runs this tree;
 //  5. only when this tree speaks a newer feature level than the previous
-//     release: once the cluster's level is raised, s3 is started with
+//     release: the clients of the previous release are upgraded too (the
+//     level rises only when every gossip member speaks it, client-only
+//     peers included); once the cluster's level is raised, s3 is started with
 //     the previous release on its upgraded data dir and must refuse to
 //     start or serve, saying on its own stderr why (a line naming the
-//     feature level). fc10b2a and the tree after it both speak levels 1
-//     and 2, so this step logs why it does not run; the lock family's
-//     level 3 turns it on.
+//     feature level). fc10b2a speaks levels 1 and 2 and this tree 1 to
+//     3, so this step runs; between two releases of one level range it
+//     logs why it does not.
 //
 // Throughout, a ledger per key (safety_test.go) fails the test on a token
 // that does not rise or a grant made while an earlier holder still
@@ -149,11 +151,13 @@ func TestUpgradeFromPrevious(t *testing.T) {
 	for _, s := range servers {
 		u.waitServing(s)
 	}
+	clientArgs := map[string][]string{}
 	for i, cl := range clients {
 		bin := []string{oldBin, newBin}[i%2]
 		key := keys[i/2]
-		u.running[cl] = c.startBin(bin, cl, append(args[cl], "-client", "-join", joinAllBut(""),
-			"-lock", key, "-loop", "1000000", "-hold", "30ms", "-report-held", "10ms")...)
+		clientArgs[cl] = append(args[cl], "-client", "-join", joinAllBut(""),
+			"-lock", key, "-loop", "1000000", "-hold", "30ms", "-report-held", "10ms")
+		u.running[cl] = c.startBin(bin, cl, clientArgs[cl]...)
 	}
 	for _, cl := range clients {
 		u.waitReady(cl)
@@ -182,6 +186,18 @@ func TestUpgradeFromPrevious(t *testing.T) {
 	u.waitGrants(5, keys)
 
 	if newHi > oldHi {
+		// The level rises only once every member of the mesh speaks it,
+		// client-only peers too: upgrade those of the previous release.
+		u.phase("clients upgraded")
+		for i, cl := range clients {
+			if i%2 == 0 {
+				u.stop(cl)
+				u.running[cl] = c.startBin(newBin, cl, clientArgs[cl]...)
+				u.waitReady(cl)
+			}
+		}
+		u.waitGrants(3, keys)
+
 		u.phase("previous release after the raise")
 		u.wait(30*time.Second, fmt.Sprintf("the cluster's feature level to be raised to %d", newHi), func() bool {
 			for _, s := range servers {
