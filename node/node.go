@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/cluster"
+	"github.com/lockmesh/lockmesh/internal/dblog"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/replica"
@@ -103,7 +104,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
-	installDragonboatLogger(cfg.Logger)
+	dblog.Install(cfg.Logger)
 	n := &Node{
 		cfg:         cfg,
 		hooks:       hooks,
