@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
@@ -82,7 +83,7 @@ type localSessions struct {
 }
 
 func (s localSessions) Owner(id uint64) (string, bool) {
-	v, err := s.n.nh.StaleRead(s.shard, stateReader(func(st *lockfsm.State) any {
+	v, err := s.n.nh.StaleRead(s.shard, replica.StateReader(func(st *lockfsm.State) any {
 		info, ok := st.Session(id)
 		if !ok {
 			return nil
@@ -94,7 +95,7 @@ func (s localSessions) Owner(id uint64) (string, bool) {
 }
 
 func (s localSessions) Count(owner string) (total, owned int) {
-	v, err := s.n.nh.StaleRead(s.shard, stateReader(func(st *lockfsm.State) any {
+	v, err := s.n.nh.StaleRead(s.shard, replica.StateReader(func(st *lockfsm.State) any {
 		all := st.Sessions()
 		c := [2]int{len(all), 0}
 		for _, si := range all {

@@ -2,7 +2,6 @@ package node
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 )
@@ -57,25 +56,10 @@ var (
 
 // HaltError says where and why a replica stopped applying its shard's log:
 // at an entry, or at a snapshot, it could not read. It wraps
-// ErrReplicaHalted and the decoding error.
-type HaltError struct {
-	Shard uint64 // the shard (1 is the meta shard)
-	// Index is the log index of the entry it could not apply, or of the
-	// snapshot it could not load (0 if dragonboat did not say).
-	Index    uint64
-	Version  byte  // the entry's or snapshot's format version byte
-	Snapshot bool  // it halted at a snapshot, not at an entry
-	Err      error // why it could not be decoded
-}
-
-func (e *HaltError) Error() string {
-	if e.Snapshot {
-		return fmt.Sprintf("lockmesh: replica halted: shard %d could not load the snapshot at log index %d (snapshot format version %d): %v; "+
-			"upgrade this peer: its replica loads the snapshot from its data dir once it can read it", e.Shard, e.Index, e.Version, e.Err)
-	}
-	return fmt.Sprintf("lockmesh: replica halted: shard %d stopped applying at log index %d (entry format version %d): %v; "+
-		"upgrade this peer: its replica replays the entry from its log once it can read it", e.Shard, e.Index, e.Version, e.Err)
-}
-
-// Unwrap returns ErrReplicaHalted and the decoding error.
-func (e *HaltError) Unwrap() []error { return []error{ErrReplicaHalted, e.Err} }
+// ErrReplicaHalted and the decoding error. Its fields: Shard (1 is the
+// meta shard); Index, the log index of the entry it could not apply or of
+// the snapshot it could not load (0 if dragonboat did not say); Version,
+// the entry's or snapshot's format version byte; Snapshot, whether it
+// halted at a snapshot rather than an entry; Err, why it could not be
+// decoded. Match it with errors.As.
+type HaltError = lockerr.HaltError

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
 )
@@ -51,7 +52,7 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	}
 	shard := p.ShardOf(key)
 	info := KeyInfo{Key: key, Shard: shard}
-	a, err := n.readRetrying(ctx, shard, lockQuery{Kind: queryKey, Key: key})
+	a, err := n.readRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey, Key: key})
 	if err != nil {
 		return info, fmt.Errorf("inspect %q: %w", key, err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/lease"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -74,7 +75,7 @@ func (n *Node) serveKeepAlive(ctx context.Context, req keepAliveReq) (keepAliveR
 	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 	defer cancel()
 	// Rule 1: confirm leadership and catch up the local replica first.
-	a, err := n.readLocal(ctx, req.Shard, lockQuery{Kind: querySessions})
+	a, err := n.readLocal(ctx, req.Shard, replica.Query{Kind: replica.QuerySessions})
 	if err != nil {
 		return keepAliveResp{}, rpcError(codeBusy, "shard %d: confirm leadership: %v", req.Shard, err)
 	}
@@ -119,11 +120,11 @@ func (n *Node) expireLapsed() {
 		if shard == metaShardID {
 			continue // the meta shard holds the layout, not sessions
 		}
-		v, err := n.nh.StaleRead(shard, lockQuery{Kind: querySessions})
+		v, err := n.nh.StaleRead(shard, replica.Query{Kind: replica.QuerySessions})
 		if err != nil {
 			continue
 		}
-		a, ok := v.(lockAnswer)
+		a, ok := v.(replica.Answer)
 		if !ok {
 			continue
 		}

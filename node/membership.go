@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 )
 
@@ -141,7 +142,7 @@ func (n *Node) serveMembership(ctx context.Context, method uint8, body []byte) (
 		defer cancel()
 		// Any linearizable read will do (the meta shard answers every query
 		// with the layout).
-		if _, err := n.nh.SyncRead(rctx, req.Shard, lockQuery{Kind: querySessions}); err != nil {
+		if _, err := n.nh.SyncRead(rctx, req.Shard, replica.Query{Kind: replica.QuerySessions}); err != nil {
 			return nil, rpcError(codeBusy, "shard %d not caught up: %v", req.Shard, err)
 		}
 		return nil, nil
@@ -390,7 +391,7 @@ func (n *Node) proposePlacement(ctx context.Context, q *layout.Placement) error 
 	if err != nil {
 		return err
 	}
-	if r.Value == metaHalted {
+	if r.Value == replica.MetaHalted {
 		return fmt.Errorf("%w: %s", ErrReplicaHalted, r.Data)
 	}
 	if r.Value != q.Epoch {

@@ -15,6 +15,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/replica"
 )
 
 // Nemesis tests: a 3-peer cluster (4 lock shards, TTL 1s, RTT 10ms) under
@@ -708,7 +709,7 @@ var nemeses = []nemesis{
 		deadline := time.Now().Add(livenessBound(fc.opts.ttl))
 		n := victim.node()
 		for _, shard := range n.placement.Load().ShardIDs() {
-			var q any = lockQuery{Kind: querySessions}
+			var q any = replica.Query{Kind: replica.QuerySessions}
 			if shard == metaShardID {
 				q = nil
 			}

@@ -17,10 +17,11 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/cluster"
+	"github.com/lockmesh/lockmesh/internal/dblog"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
-	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -103,7 +104,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
-	installDragonboatLogger(cfg.Logger)
+	dblog.Install(cfg.Logger)
 	n := &Node{
 		cfg:         cfg,
 		hooks:       hooks,
@@ -260,7 +261,7 @@ func (n *Node) WaitServing(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = n.readRetrying(ctx, shard, lockQuery{Kind: queryKey})
+			_, errs[i] = n.readRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey})
 		}()
 	}
 	wg.Wait()
@@ -419,16 +420,16 @@ func (n *Node) adopt(p *layout.Placement) error {
 // ran before, else as an initial member or by joining the running shard.
 // It returns the *HaltError of a replica that halted here.
 func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica) error {
-	halt := halter{onStop: n.haltReplica, snapshotIndex: func() uint64 { return n.snapshotIndex(shard) }}
+	halt := replica.Halter{OnStop: n.haltReplica, SnapshotIndex: func() uint64 { return n.snapshotIndex(shard) }}
 	var create sm.CreateStateMachineFunc
 	if shard == metaShardID {
-		create = func(uint64, uint64) sm.IStateMachine { return &metaSM{halt: halt} }
+		create = func(uint64, uint64) sm.IStateMachine { return replica.NewMeta(halt) }
 	} else {
 		create = func(uint64, uint64) sm.IStateMachine {
-			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants,
-				onApply: n.hooks.onApply, skipTermCheck: n.hooks.unsafeSkipExpiryTerm,
-				maxFormat: commandFormat(n.topLevel()), maxSnapshot: n.hooks.holdSnapshot,
-				snapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, halt: halt}
+			return replica.NewLock(replica.LockConfig{Shard: shard, OnGrant: n.onApplyGrants,
+				OnApply: n.hooks.onApply, SkipTermCheck: n.hooks.unsafeSkipExpiryTerm,
+				MaxFormat: commandFormat(n.topLevel()), MaxSnapshot: n.hooks.holdSnapshot,
+				SnapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, Halt: halt})
 		}
 	}
 	return n.replicas.Start(p, shard, r, create)

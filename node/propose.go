@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -37,7 +38,7 @@ func (h routerHost) ProposeLocal(ctx context.Context, shard uint64, data []byte)
 	if err != nil {
 		return nil, err
 	}
-	if r.Value == resultHalted {
+	if r.Value == replica.ResultHalted {
 		// The entry committed, but this replica did not apply it: the
 		// outcome is unknown here, and other replicas know it.
 		return nil, fmt.Errorf("%w: %s", ErrReplicaHalted, r.Data)
@@ -70,19 +71,19 @@ func retryable(err error) bool { return router.Retryable(err) }
 
 // read answers a query linearizably: through the local replica (ReadIndex)
 // or through a peer that hosts one.
-func (n *Node) read(ctx context.Context, shard uint64, q lockQuery) (lockAnswer, error) {
+func (n *Node) read(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
 	if n.hostsShard(shard) {
 		return n.readLocal(ctx, shard, q)
 	}
 	body, err := encodeBody(readReq{Shard: shard, Query: q, Level: n.topLevel()})
 	if err != nil {
-		return lockAnswer{}, err
+		return replica.Answer{}, err
 	}
 	resp, err := n.callHost(ctx, shard, methodRead, body)
 	if err != nil {
-		return lockAnswer{}, err
+		return replica.Answer{}, err
 	}
-	var a lockAnswer
+	var a replica.Answer
 	err = decodeBody(resp, &a)
 	return a, err
 }
@@ -90,7 +91,7 @@ func (n *Node) read(ctx context.Context, shard uint64, q lockQuery) (lockAnswer,
 // readRetrying reads shard linearizably, trying again while the error
 // says "not now" (no leader yet, the replica moved), until ctx ends; the
 // error then says what the last try hit.
-func (n *Node) readRetrying(ctx context.Context, shard uint64, q lockQuery) (lockAnswer, error) {
+func (n *Node) readRetrying(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
 	for attempt := 0; ; attempt++ {
 		a, err := n.read(ctx, shard, q)
 		if err == nil || !retryable(err) {
@@ -102,24 +103,24 @@ func (n *Node) readRetrying(ctx context.Context, shard uint64, q lockQuery) (loc
 	}
 }
 
-func (n *Node) readLocal(ctx context.Context, shard uint64, q lockQuery) (lockAnswer, error) {
+func (n *Node) readLocal(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
 	// dragonboat needs a deadline on every request.
 	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 	defer cancel()
 	v, err := n.nh.SyncRead(ctx, shard, q)
 	if err != nil {
-		return lockAnswer{}, err
+		return replica.Answer{}, err
 	}
-	a, ok := v.(lockAnswer)
+	a, ok := v.(replica.Answer)
 	if !ok {
-		return lockAnswer{}, fmt.Errorf("shard %d answered %T", shard, v)
+		return replica.Answer{}, fmt.Errorf("shard %d answered %T", shard, v)
 	}
 	return a, nil
 }
 
-func (n *Node) serveRead(ctx context.Context, req readReq) (lockAnswer, error) {
+func (n *Node) serveRead(ctx context.Context, req readReq) (replica.Answer, error) {
 	if !n.hostsShard(req.Shard) {
-		return lockAnswer{}, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
+		return replica.Answer{}, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 	defer cancel()

@@ -9,6 +9,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/replica"
 )
 
 // hostileRaftHeader is the 20 bytes dragonboat's TCP transport reads
@@ -67,8 +69,8 @@ func TestRaftPortHostileHeader(t *testing.T) {
 	}
 	shard := peers[0].node.placement.Load().ShardOf("raftport/held")
 	pollUntil(t, 10*time.Second, target.cfg.Name+"'s replica applies peer-1's session", func() bool {
-		v, err := target.node.nh.StaleRead(shard, lockQuery{Kind: querySessions})
-		return err == nil && len(v.(lockAnswer).Sessions) > 0
+		v, err := target.node.nh.StaleRead(shard, replica.Query{Kind: replica.QuerySessions})
+		return err == nil && len(v.(replica.Answer).Sessions) > 0
 	})
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -19,7 +20,7 @@ const maxBodySize = msgcheck.MaxBody
 // RPC methods on lockmesh's transport.
 const (
 	methodPropose        uint8 = iota + 1 // router.ProposeRequest -> router.ProposeResponse
-	methodRead                            // readReq -> lockAnswer
+	methodRead                            // readReq -> replica.Answer
 	methodKeepAlive                       // keepAliveReq -> keepAliveResp
 	methodNotify                          // notifyReq -> nothing
 	methodPrepare                         // bootstrap phase one: encoded placement
@@ -61,9 +62,9 @@ func (n *Node) checkSender(level uint8) error {
 // level may place keys by another rule, so its requests are refused
 // (checkSender).
 type readReq struct {
-	Shard uint64    `msgpack:"s"`
-	Query lockQuery `msgpack:"q"`
-	Level uint8     `msgpack:"v,omitempty"`
+	Shard uint64        `msgpack:"s"`
+	Query replica.Query `msgpack:"q"`
+	Level uint8         `msgpack:"v,omitempty"`
 }
 
 type keepAliveReq struct {
@@ -111,7 +112,7 @@ func answerBound(method uint8, body []byte) int {
 		return 8*len(body) + smallAnswer
 	case methodRead:
 		var req readReq
-		if msgcheck.Unmarshal(body, &req, maxBodySize) == nil && req.Query.Kind == queryRequest {
+		if msgcheck.Unmarshal(body, &req, maxBodySize) == nil && req.Query.Kind == replica.QueryRequest {
 			return smallAnswer
 		}
 		return maxBodySize
@@ -163,7 +164,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		if err := n.checkSender(req.Level); err != nil {
 			return nil, err
 		}
-		if req.Query.Kind == querySessions && !n.authzOff() {
+		if req.Query.Kind == replica.QuerySessions && !n.authzOff() {
 			// Every session's id and owner, for the leader's own lease
 			// table: no peer asks another for it.
 			return nil, rpcError(codeForbidden, "peer %s: %v: the session table is read only by the peer that hosts it", n.cfg.Name, authz.ErrForbidden)

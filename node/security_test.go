@@ -16,6 +16,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
@@ -250,11 +251,11 @@ func TestSecurityRaftTLS(t *testing.T) {
 	// sessionsOn reads n's own replica of shard without going through a
 	// leader (StaleRead): what that replica has applied.
 	sessionsOn := func(n *Node, shard uint64) int {
-		v, err := n.nh.StaleRead(shard, lockQuery{Kind: querySessions})
+		v, err := n.nh.StaleRead(shard, replica.Query{Kind: replica.QuerySessions})
 		if err != nil {
 			t.Fatalf("%s: stale read of shard %d: %v", n.Name(), shard, err)
 		}
-		return len(v.(lockAnswer).Sessions)
+		return len(v.(replica.Answer).Sessions)
 	}
 
 	t.Run("SameCA", func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/client"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -177,7 +178,7 @@ func (n *Node) clientApply(ctx context.Context, shard uint64, cmd lockfsm.Comman
 // readAttempt reads a lock attempt from the replicated state, for a
 // waiter checking a grant notice.
 func (n *Node) readAttempt(ctx context.Context, shard, session, req uint64) (bool, lockfsm.RequestInfo, error) {
-	a, err := n.read(ctx, shard, lockQuery{Kind: queryRequest, Session: session, Req: req})
+	a, err := n.read(ctx, shard, replica.Query{Kind: replica.QueryRequest, Session: session, Req: req})
 	return a.SessionFound, a.Request, err
 }
 

@@ -4,89 +4,28 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
-	crdberrors "github.com/cockroachdb/errors"
-	sm "github.com/lni/dragonboat/v4/statemachine"
-
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // unreadable is a tagged Acquire with field tag 48, which no release knows.
 var unreadable = []byte{lockfsm.FormatTagged, 0x91, 0x82, 0x01, byte(lockfsm.OpAcquire), 48, 0x01}
 
-// A replica that meets an entry it cannot read stops there: it applies
-// nothing after it, answers no reads and saves no snapshot, so the entry
-// stays in the log for an upgraded peer to replay.
-func TestLockSMHaltsOnUnreadableEntry(t *testing.T) {
-	var stopped []*HaltError
-	s := &lockSM{shard: 5, state: lockfsm.New(), maxFormat: lockfsm.Version,
-		halt: halter{onStop: func(he *HaltError) { stopped = append(stopped, he) }}}
-	open, _ := lockfsm.EncodeCommands([]lockfsm.Command{{Op: lockfsm.OpOpenSession, Owner: "a", TTLMillis: 1000}})
-	if r, err := s.Update(sm.Entry{Index: 1, Cmd: open}); err != nil || r.Value != 1 {
-		t.Fatalf("open session: %+v %v", r, err)
-	}
-	r, err := s.Update(sm.Entry{Index: 2, Cmd: unreadable})
-	if err != nil || r.Value != resultHalted {
-		t.Fatalf("unreadable entry: %+v %v, want resultHalted", r, err)
-	}
-	for _, want := range []string{"shard 5", "log index 2", "format version 3", "field tag 48", "upgrade this peer"} {
-		if !strings.Contains(string(r.Data), want) {
-			t.Errorf("halt error %q does not say %q", r.Data, want)
+// The lock snapshot format every level writes is one every release at
+// that level reads; the replicas save in it (internal/replica): 2 at
+// levels 1 and 2, 3 (session labels) from level 3 on.
+func TestLevelsWriteTheirLockSnapshotFormat(t *testing.T) {
+	for level, want := range map[uint8]byte{1: 2, 2: 2, 3: 3} {
+		if f := snapshotFormat(level); f != want {
+			t.Errorf("level %d writes snapshot format %d, want %d: releases at levels 1 and 2 read only formats 1 and 2", level, f, want)
 		}
 	}
-	if len(stopped) != 1 || stopped[0].Index != 2 || !errors.Is(stopped[0], ErrReplicaHalted) || !errors.Is(stopped[0], lockfsm.ErrUnsupported) {
-		t.Fatalf("onStop calls: %v", stopped)
-	}
-	acquire, _ := lockfsm.EncodeCommands([]lockfsm.Command{{Op: lockfsm.OpAcquire, Session: 1, Req: 1, Key: "k"}})
-	if r, _ := s.Update(sm.Entry{Index: 3, Cmd: acquire}); r.Value != resultHalted {
-		t.Fatalf("entry after the halt: %+v, want resultHalted", r)
-	}
-	if _, ok := s.state.Key("k"); ok || s.state.Index() != 1 {
-		t.Fatalf("a halted replica applied an entry (index %d)", s.state.Index())
-	}
-	if _, err := s.Lookup(lockQuery{Kind: queryKey, Key: "k"}); !errors.Is(err, ErrReplicaHalted) {
-		t.Fatalf("Lookup on a halted replica: %v", err)
-	}
-	var buf bytes.Buffer
-	err = s.SaveSnapshot(&buf, nil, nil)
-	// dragonboat decides between "aborted" and "failed, panic" with
-	// cockroachdb/errors, which follows only a single Unwrap chain.
-	if !crdberrors.Is(err, sm.ErrSnapshotAborted) || buf.Len() != 0 {
-		t.Fatalf("SaveSnapshot on a halted replica: %v (%d bytes); want ErrSnapshotAborted as dragonboat sees it", err, buf.Len())
-	}
-	if len(stopped) != 1 {
-		t.Fatalf("onStop called %d times", len(stopped))
-	}
-}
-
-// A replica held to an older format halts on a newer one, as an older
-// release's would.
-func TestLockSMHeldToOlderFormat(t *testing.T) {
-	s := &lockSM{shard: 2, state: lockfsm.New(), maxFormat: lockfsm.FormatPositional}
-	cmd := []lockfsm.Command{{Op: lockfsm.OpOpenSession, Owner: "a", TTLMillis: 1000}}
-	old, _ := lockfsm.EncodeCommandsFormat(lockfsm.FormatPositional, cmd)
-	if r, _ := s.Update(sm.Entry{Index: 1, Cmd: old}); r.Value != 1 {
-		t.Fatalf("format 2 entry: %+v", r)
-	}
-	tagged, _ := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, cmd)
-	if r, _ := s.Update(sm.Entry{Index: 2, Cmd: tagged}); r.Value != resultHalted || !errors.Is(s.halt.err, lockfsm.ErrVersion) {
-		t.Fatalf("format 3 entry on a replica held to 2: %+v, halt %v", r, s.halt.err)
-	}
-}
-
-// The meta shard halts the same way on a layout it cannot decode.
-func TestMetaSMHaltsOnUnreadableLayout(t *testing.T) {
-	m := &metaSM{}
-	r, err := m.Update(sm.Entry{Index: 4, Cmd: []byte{9, 0x80}})
-	if err != nil || r.Value != metaHalted || !strings.Contains(string(r.Data), "shard 1 stopped applying at log index 4 (entry format version 9)") {
-		t.Fatalf("unreadable layout: %+v %v", r, err)
-	}
-	if _, err := m.Lookup(nil); !errors.Is(err, ErrReplicaHalted) {
-		t.Fatalf("Lookup: %v", err)
+	if maxLevel != 3 {
+		t.Errorf("maxLevel is %d: add its snapshot format to this table", maxLevel)
 	}
 }
 
@@ -120,7 +59,7 @@ func TestReplicaStopsOnEntryItCannotDecode(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		r, err := p1.nh.SyncPropose(ctxT(t, 3*time.Second), p1.nh.GetNoOPSession(bad), unreadable)
-		if err == nil && r.Value == resultHalted || p1.haltedShard(bad) != nil {
+		if err == nil && r.Value == replica.ResultHalted || p1.haltedShard(bad) != nil {
 			break
 		}
 		if err == nil || !retryable(err) || time.Now().After(deadline) {
@@ -180,7 +119,7 @@ func replicaDigests(t *testing.T, peers []*testPeer, shard uint64) map[string]st
 		if !p.node.hostsShard(shard) {
 			continue
 		}
-		v, err := p.node.nh.StaleRead(shard, stateReader(func(s *lockfsm.State) any {
+		v, err := p.node.nh.StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any {
 			var b bytes.Buffer
 			_ = s.Save(&b)
 			return b.String()

@@ -5,14 +5,10 @@ import (
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
-// LevelOf is the feature level layout p records; layouts written before
-// levels existed have none and are level 1, and so is a nil layout.
-func LevelOf(p *layout.Placement) uint8 {
-	if p == nil || p.Level == 0 {
-		return 1
-	}
-	return uint8(min(p.Level, 255))
-}
+// LevelOf is the feature level layout p records (layout.LevelOf): layouts
+// written before levels existed have none and are level 1, and so is a nil
+// layout.
+func LevelOf(p *layout.Placement) uint8 { return layout.LevelOf(p) }
 
 // Speaks reports whether a peer with metadata m speaks level. A Version of
 // 0 reads as 1, as everywhere levels are compared (NewLevel).

@@ -64,6 +64,15 @@ type Placement struct {
 	Level uint32 `msgpack:"l,omitempty"`
 }
 
+// LevelOf is the feature level layout p records; layouts written before
+// levels existed have none and are level 1, and so is a nil layout.
+func LevelOf(p *Placement) uint8 {
+	if p == nil || p.Level == 0 {
+		return 1
+	}
+	return uint8(min(p.Level, 255))
+}
+
 // New lays out shards lock shards and the meta shard over peers for a new
 // cluster: rf replicas each (all peers if fewer), chosen by rendezvous
 // hashing, with replica ids from 1, at epoch 1. Keys map to shards by

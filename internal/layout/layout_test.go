@@ -286,3 +286,18 @@ func TestDesired(t *testing.T) {
 		t.Fatalf("Desired with no eligible peer = %v, want nothing", d)
 	}
 }
+
+// A layout without a level (written before levels existed), or none at
+// all, is level 1; a level past what a byte holds saturates.
+func TestLevelOf(t *testing.T) {
+	for _, tc := range []struct {
+		p    *Placement
+		want uint8
+	}{
+		{nil, 1}, {&Placement{}, 1}, {&Placement{Level: 2}, 2}, {&Placement{Level: 300}, 255},
+	} {
+		if got := LevelOf(tc.p); got != tc.want {
+			t.Errorf("LevelOf(%+v) = %d, want %d", tc.p, got, tc.want)
+		}
+	}
+}

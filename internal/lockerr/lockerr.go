@@ -1,7 +1,8 @@
 // Package lockerr is the error vocabulary node shares with its internal
-// packages: the sentinel errors users check with errors.Is (node exports
-// each under its public name and documents it there) and the codes a peer
-// puts in a transport.Error so the caller can tell "retry elsewhere" from
+// packages: the sentinel errors users check with errors.Is and the
+// HaltError they match with errors.As (node exports each under its public
+// name and documents it there), and the codes a peer puts in a
+// transport.Error so the caller can tell "retry elsewhere" from
 // "refused".
 package lockerr
 
@@ -51,3 +52,29 @@ func Code(err error) uint16 {
 	}
 	return 0
 }
+
+// HaltError says where and why a replica stopped applying its shard's log:
+// at an entry, or at a snapshot, it could not read. It wraps ReplicaHalted
+// and the decoding error. node exports it as node.HaltError, where its use
+// is documented.
+type HaltError struct {
+	Shard uint64 // the shard (1 is the meta shard)
+	// Index is the log index of the entry it could not apply, or of the
+	// snapshot it could not load (0 if dragonboat did not say).
+	Index    uint64
+	Version  byte  // the entry's or snapshot's format version byte
+	Snapshot bool  // it halted at a snapshot, not at an entry
+	Err      error // why it could not be decoded
+}
+
+func (e *HaltError) Error() string {
+	if e.Snapshot {
+		return fmt.Sprintf("lockmesh: replica halted: shard %d could not load the snapshot at log index %d (snapshot format version %d): %v; "+
+			"upgrade this peer: its replica loads the snapshot from its data dir once it can read it", e.Shard, e.Index, e.Version, e.Err)
+	}
+	return fmt.Sprintf("lockmesh: replica halted: shard %d stopped applying at log index %d (entry format version %d): %v; "+
+		"upgrade this peer: its replica replays the entry from its log once it can read it", e.Shard, e.Index, e.Version, e.Err)
+}
+
+// Unwrap returns ReplicaHalted and the decoding error.
+func (e *HaltError) Unwrap() []error { return []error{ReplicaHalted, e.Err} }

@@ -1,4 +1,9 @@
-package node
+// Package dblog routes dragonboat's process-wide logger to a *slog.Logger,
+// at levels that keep a healthy cluster's routine Raft events (elections,
+// leader transfers, retried requests, peers restarting) below Warn: Warn
+// and Error are for what an operator must act on. node installs it when a
+// peer starts.
+package dblog
 
 import (
 	"context"
@@ -17,9 +22,10 @@ import (
 // defaults, so a first node without one discards dragonboat's lines for
 // the whole process. Later nodes' Loggers are never used for dragonboat:
 // their NodeHosts' lines go to the first node's Logger, untagged by peer
-// (start passes cfg.Logger, not the node's logger with its peer
+// (node's start passes cfg.Logger, not the node's logger with its peer
 // attribute), and the first Logger stays installed after its node
-// closes. Config.Logger documents this for users; tests swap dbLogger.
+// closes. node's Config.Logger documents this for users; tests swap
+// dbLogger with SwapForTest.
 //
 // pebble, dragonboat's log store, does not log through this factory: its
 // few lines (background errors) go to the standard log package.
@@ -28,12 +34,22 @@ var (
 	dbLogger     atomic.Pointer[slog.Logger]
 )
 
-func installDragonboatLogger(l *slog.Logger) {
+// Install makes dragonboat log through l, unless an earlier Install gave
+// it a logger: the first one stays for the life of the process. It is
+// safe for concurrent use.
+func Install(l *slog.Logger) {
 	dbLogger.CompareAndSwap(nil, l)
 	dbLoggerOnce.Do(func() {
 		logger.SetLoggerFactory(func(pkg string) logger.ILogger { return &dbLog{pkg: pkg} })
 	})
 }
+
+// SwapForTest makes dragonboat's lines go to l (none if l is nil) in place
+// of the installed logger, and returns the logger it replaces, which the
+// test puts back with another SwapForTest when done. Only tests call it:
+// l nil plays a process in which no node has started yet, so the next
+// Install takes effect. It does not install the factory itself.
+func SwapForTest(l *slog.Logger) *slog.Logger { return dbLogger.Swap(l) }
 
 // levelTrace is below slog.LevelDebug: dragonboat's own debug lines, which
 // a handler at Debug does not show.
