@@ -5,13 +5,16 @@ import (
 )
 
 // Verify checks the state's invariants and returns the first violation:
-//   - every key has 1 <= holders <= Limit, or waiters, and never waiters
-//     while it has spare capacity (the queue head would have been granted);
+//   - every key has holders or waiters; its holders fit its role (a
+//     mutex's at most Limit, a read/write lock's one writer or only
+//     readers, a semaphore's permits at most Limit), each of its kind; and
+//     its queue's head could not be granted now (alone, or with its group);
 //   - holders are in grant order: tokens ascend and none exceeds the last
 //     token issued by the shard;
 //   - every holder and waiter is a live attempt of a live session, on that
 //     key, listed exactly once, and every live attempt is listed;
-//   - session counters and prune lists match their attempts.
+//   - session counters and prune lists match their attempts; a group's
+//     attempts wait all together or none.
 //
 // Load runs it on every snapshot; tests and fuzzers run it after Apply.
 func (s *State) Verify() error {
@@ -30,12 +33,6 @@ func (s *State) Verify() error {
 		}
 		if k.queue != nil && len(*k.queue) == 0 {
 			return fmt.Errorf("key %q: empty waiter queue kept", key)
-		}
-		if uint64(len(k.holders)) > uint64(k.limit) {
-			return fmt.Errorf("key %q: %d holders, more than its limit %d", key, len(k.holders), k.limit)
-		}
-		if len(k.waiters()) > 0 && uint64(len(k.holders)) < uint64(k.limit) {
-			return fmt.Errorf("key %q: %d waiters while only %d of %d slots are held", key, len(k.waiters()), len(k.holders), k.limit)
 		}
 		var prev uint64
 		for _, h := range k.holders {
@@ -103,6 +100,9 @@ func (s *State) Verify() error {
 			if at.last < req {
 				return fmt.Errorf("session %d: attempt %d: last touching request %d below its own id", id, req, at.last)
 			}
+			if err := verifyAttempt(sess, req, at); err != nil {
+				return fmt.Errorf("session %d: attempt %d: %w", id, req, err)
+			}
 			switch at.state {
 			case ReqHeld:
 				held++
@@ -129,6 +129,13 @@ func (s *State) Verify() error {
 	if attempts != live {
 		return fmt.Errorf("%d live attempts in sessions, %d holders and waiters in keys", attempts, live)
 	}
+	// Every holder and waiter is now known to be a live attempt of a live
+	// session, so the role rules can look them up.
+	for key, k := range s.keys {
+		if err := s.verifyKey(key, k); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -141,6 +148,76 @@ func (s *State) checkSessionID(id uint64) error {
 	}
 	if idx == 0 || idx > s.index {
 		return fmt.Errorf("session %d: not an id an entry up to index %d could issue", id, s.index)
+	}
+	return nil
+}
+
+// verifyKey checks k's role, limit and holders, and that its queue's head
+// waits for a reason.
+func (s *State) verifyKey(key string, k *lockKey) error {
+	if k.role > roleSemaphore {
+		return fmt.Errorf("key %q: unknown role %d", key, k.role)
+	}
+	for i, list := range [][]slot{k.holders, k.waiters()} {
+		for _, h := range list {
+			if at := s.attemptOf(h); roleOf(at.kind) != k.role {
+				return fmt.Errorf("key %q: a %s's %s attempt (%d,%d) (list %d)", key, k.role, at.kind, h.session, h.req, i)
+			}
+		}
+	}
+	switch k.role {
+	case roleMutex:
+		if uint64(len(k.holders)) > uint64(k.limit) {
+			return fmt.Errorf("key %q: %d holders, more than its limit %d", key, len(k.holders), k.limit)
+		}
+	case roleRW:
+		if k.limit != 1 {
+			return fmt.Errorf("key %q: read/write lock with limit %d", key, k.limit)
+		}
+		for _, h := range k.holders {
+			if at := s.attemptOf(h); at.kind == KindWrite && len(k.holders) > 1 {
+				return fmt.Errorf("key %q: a writer among %d holders", key, len(k.holders))
+			}
+		}
+	case roleSemaphore:
+		if used := s.used(k); used > k.limit {
+			return fmt.Errorf("key %q: %d permits held of %d", key, used, k.limit)
+		}
+	}
+	if w := k.waiters(); len(w) > 0 {
+		sess := s.sessions[w[0].session]
+		at := sess.reqs[w[0].req]
+		if at.size == 0 && s.canGrant(k, at) || at.size != 0 && s.groupReady(sess, at.group, at.size) {
+			return fmt.Errorf("key %q: its first waiter (%d,%d) could be granted", key, w[0].session, w[0].req)
+		}
+	}
+	return nil
+}
+
+// verifyAttempt checks the lock family's fields of the attempt req.
+func verifyAttempt(sess *session, req uint64, at *attempt) error {
+	if at.kind > maxKind {
+		return fmt.Errorf("unknown kind %d", at.kind)
+	}
+	if at.permits == 0 || at.permits != 1 && at.kind != KindSemaphore {
+		return fmt.Errorf("%d permits for a %s attempt", at.permits, at.kind)
+	}
+	if at.size == 0 {
+		if at.group != 0 {
+			return fmt.Errorf("group %d without a size", at.group)
+		}
+		return nil
+	}
+	if at.size < 2 || at.size > MaxGroup || req < at.group || req-at.group >= uint64(at.size) {
+		return fmt.Errorf("not in its group of %d at %d", at.size, at.group)
+	}
+	if at.state != ReqWaiting {
+		return nil
+	}
+	for r := at.group; r < at.group+uint64(at.size); r++ {
+		if m := sess.reqs[r]; m == nil || m.state != ReqWaiting || m.group != at.group || m.size != at.size {
+			return fmt.Errorf("waits while attempt %d of its group does not", r)
+		}
 	}
 	return nil
 }

@@ -15,20 +15,26 @@ import (
 //
 //	commands, FormatTagged (3):     [ {tag: value, ...}, ... ]
 //	commands, FormatPositional (2): [ [op, session, req, ack, key, wait, limit, target, owner, ttlMillis, term], ... ]
-//	results (ResultVersion 2):      [ [status, session, token, err], ... ]
+//	results, version 2:             [ [status, session, token, err], ... ]
+//	results, version 3:             [ [status, session, token, err, holders], ... ]
+//	  holder:                       [session, req, token, owner, label, kind, permits]
 //
 // A tagged command is a map whose keys are the field tags below in
 // ascending order, each present only when its value is not zero (Op is
 // never zero). Version 1 commands are positional without term (10 fields)
-// and decode with Term 0; results are the same in versions 1 and 2. The
+// and decode with Term 0; results are the same in versions 1 and 2, and
+// version 3, written only for a batch where a refusal names holders (an
+// answer to a command of feature level 3), adds the holders. The
 // decoders accept exactly these forms, so decoding a current-version input
 // then encoding it gives the input back byte for byte, and they check every
 // length against the input that is left before allocating.
 
 const (
-	commandFields   = 11
-	commandFieldsV1 = 10
-	resultFields    = 4
+	commandFields      = 11
+	commandFieldsV1    = 10
+	resultFields       = 4
+	resultFieldsV3     = 5
+	holderDetailFields = 7
 )
 
 // Field tags of FormatTagged. A tag is never reused for another meaning; a
@@ -45,8 +51,12 @@ const (
 	tagOwner
 	tagTTL
 	tagTerm
-	tagLabel // feature level 3
-	maxTag   = tagLabel
+	tagLabel // feature level 3, as are the tags below
+	tagKind
+	tagPermits
+	tagGroup
+	tagFlags
+	maxTag = tagFlags
 )
 
 // EncodeCommands encodes a batch for one Raft entry in the newest format,
@@ -86,8 +96,8 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 		if c.Op == 0 || c.Op > maxOp {
 			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: %v", i, ErrUnsupported, c.Op)
 		}
-		if c.Label != 0 && format != FormatTagged {
-			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: a Label needs format %d, not %d", i, ErrUnsupported, FormatTagged, format)
+		if format != FormatTagged && c.level3() {
+			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: a Label, Kind, Permits, Group or Flags needs format %d, not %d", i, ErrUnsupported, FormatTagged, format)
 		}
 		if format == FormatTagged {
 			encodeTagged(e, c)
@@ -102,17 +112,25 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 }
 
 // MinCommandFormat is the oldest command format that can carry cmds:
-// FormatTagged when one has a Label, else FormatPositional. A batch is
+// FormatTagged when one uses a field of level 3 (a Label, Kind, Permits,
+// Group or Flags), else FormatPositional. A batch is
 // written in at least this format even by a peer whose view of the
 // cluster's level still says 1: a Label is set only once level 3 is
-// committed, so every member reads FormatTagged.
+// committed (as are the lock family's fields), so every member reads
+// FormatTagged.
 func MinCommandFormat(cmds []Command) byte {
 	for i := range cmds {
-		if cmds[i].Label != 0 {
+		if cmds[i].level3() {
 			return FormatTagged
 		}
 	}
 	return FormatPositional
+}
+
+// level3 reports whether c uses a field of feature level 3, which only
+// FormatTagged carries.
+func (c *Command) level3() bool {
+	return c.Label != 0 || c.Kind != 0 || c.Permits != 0 || c.Group != 0 || c.Flags != 0
 }
 
 func encodePositional(e *msgpack.Encoder, c *Command) {
@@ -136,6 +154,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 	for _, present := range [...]bool{
 		true, c.Session != 0, c.Req != 0, c.Ack != 0, c.Key != "", c.Wait,
 		c.Limit != 0, c.Target != 0, c.Owner != "", c.TTLMillis != 0, c.Term != 0, c.Label != 0,
+		c.Kind != 0, c.Permits != 0, c.Group != 0, c.Flags != 0,
 	} {
 		if present {
 			n++
@@ -169,6 +188,10 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 	num(tagTTL, c.TTLMillis)
 	num(tagTerm, c.Term)
 	num(tagLabel, c.Label)
+	num(tagKind, uint64(c.Kind))
+	num(tagPermits, uint64(c.Permits))
+	num(tagGroup, uint64(c.Group))
+	num(tagFlags, uint64(c.Flags))
 }
 
 // DecodeCommands decodes what EncodeCommands or EncodeCommandsFormat
@@ -281,6 +304,14 @@ func (d *decoder) tagged(c *Command) {
 			c.Term = d.nonzero("term", d.uint("term", math.MaxUint64))
 		case tagLabel:
 			c.Label = d.nonzero("label", d.uint("label", math.MaxUint64))
+		case tagKind:
+			c.Kind = Kind(d.nonzero("kind", d.uint("kind", math.MaxUint8)))
+		case tagPermits:
+			c.Permits = uint32(d.nonzero("permits", d.uint("permits", math.MaxUint32)))
+		case tagGroup:
+			c.Group = uint16(d.nonzero("group", d.uint("group", math.MaxUint16)))
+		case tagFlags:
+			c.Flags = Flags(d.nonzero("flags", d.uint("flags", math.MaxUint8)))
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("lockfsm: decode commands: %w: field tag %d at byte %d, written by a newer release: upgrade this peer", ErrUnsupported, tag, d.pos)
@@ -314,8 +345,17 @@ func EncodeResults(rs []Result) ([]byte, error) {
 	if len(rs) > MaxBatch {
 		return nil, fmt.Errorf("lockfsm: encode results: %d results, more than MaxBatch %d", len(rs), MaxBatch)
 	}
+	// Version 3 only when a result names holders: those answer commands
+	// of feature level 3, whose proposer reads it; every other batch stays
+	// in version 2, which every release reads.
+	version, fields := byte(2), resultFields
+	for i := range rs {
+		if len(rs[i].Holders) > 0 {
+			version, fields = ResultVersion, resultFieldsV3
+		}
+	}
 	var buf bytes.Buffer
-	buf.WriteByte(ResultVersion)
+	buf.WriteByte(version)
 	e := msgpack.NewEncoder(&buf)
 	_ = e.EncodeArrayLen(len(rs))
 	for i := range rs {
@@ -323,11 +363,30 @@ func EncodeResults(rs []Result) ([]byte, error) {
 		if len(r.Err) > MaxErrLen {
 			return nil, fmt.Errorf("lockfsm: encode results: result %d: err is %d bytes, longer than MaxErrLen %d", i, len(r.Err), MaxErrLen)
 		}
-		_ = e.EncodeArrayLen(resultFields)
+		if len(r.Holders) > maxDetailHolders {
+			return nil, fmt.Errorf("lockfsm: encode results: result %d: %d holders, more than %d", i, len(r.Holders), maxDetailHolders)
+		}
+		_ = e.EncodeArrayLen(fields)
 		_ = e.EncodeUint(uint64(r.Status))
 		_ = e.EncodeUint(r.Session)
 		_ = e.EncodeUint(r.Token)
 		_ = e.EncodeString(r.Err)
+		if fields == resultFieldsV3 {
+			_ = e.EncodeArrayLen(len(r.Holders))
+			for _, h := range r.Holders {
+				if len(h.Owner) > MaxOwnerLen {
+					return nil, fmt.Errorf("lockfsm: encode results: result %d: holder owner longer than MaxOwnerLen", i)
+				}
+				_ = e.EncodeArrayLen(holderDetailFields)
+				_ = e.EncodeUint(h.Session)
+				_ = e.EncodeUint(h.Req)
+				_ = e.EncodeUint(h.Token)
+				_ = e.EncodeString(h.Owner)
+				_ = e.EncodeUint(h.Label)
+				_ = e.EncodeUint(uint64(h.Kind))
+				_ = e.EncodeUint(uint64(h.Permits))
+			}
+		}
 	}
 	return buf.Bytes(), nil
 }
@@ -339,7 +398,11 @@ func DecodeResults(b []byte) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, err := d.arrayLen("batch", resultFields+1)
+	fields := resultFields
+	if d.version == 3 {
+		fields = resultFieldsV3
+	}
+	n, err := d.arrayLen("batch", fields+1)
 	if err != nil {
 		return nil, err
 	}
@@ -347,21 +410,55 @@ func DecodeResults(b []byte) ([]Result, error) {
 		return nil, d.errorf("%d results, more than MaxBatch %d", n, MaxBatch)
 	}
 	rs := make([]Result, n)
+	named := false
 	for i := range rs {
 		r := &rs[i]
-		_ = d.record("result", resultFields)
+		_ = d.record("result", fields)
 		r.Status = Status(d.uint("status", math.MaxUint8))
 		r.Session = d.uint("session", math.MaxUint64)
 		r.Token = d.uint("token", math.MaxUint64)
 		r.Err = d.str("err", MaxErrLen)
+		if fields == resultFieldsV3 {
+			r.Holders = d.detailHolders()
+			named = named || len(r.Holders) > 0
+		}
 		if d.err != nil {
 			return nil, fmt.Errorf("%w (result %d)", d.err, i)
 		}
+	}
+	if fields == resultFieldsV3 && !named {
+		return nil, d.errorf("version 3 results that name no holders: those are written as version 2")
 	}
 	if err := d.end(); err != nil {
 		return nil, err
 	}
 	return rs, nil
+}
+
+// detailHolders reads a result's holders (version 3): at most
+// maxDetailHolders, nil when there are none.
+func (d *decoder) detailHolders() []Holder {
+	n, err := d.arrayLen("holders", holderDetailFields+1)
+	if err != nil || n == 0 {
+		return nil
+	}
+	if n > maxDetailHolders {
+		d.fail("%d holders, more than %d", n, maxDetailHolders)
+		return nil
+	}
+	hs := make([]Holder, n)
+	for i := range hs {
+		h := &hs[i]
+		_ = d.record("holder", holderDetailFields)
+		h.Session = d.uint("session", math.MaxUint64)
+		h.Req = d.uint("req", math.MaxUint64)
+		h.Token = d.uint("token", math.MaxUint64)
+		h.Owner = d.str("owner", MaxOwnerLen)
+		h.Label = d.uint("label", math.MaxUint64)
+		h.Kind = Kind(d.uint("kind", math.MaxUint8))
+		h.Permits = uint32(d.uint("permits", math.MaxUint32))
+	}
+	return hs
 }
 
 // decoder reads the canonical msgpack subset used here from a byte slice.

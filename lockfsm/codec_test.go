@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -139,7 +140,7 @@ func TestResultsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := DecodeResults(b)
-	if err != nil || !slices.Equal(got, rs) {
+	if err != nil || !reflect.DeepEqual(got, rs) {
 		t.Fatalf("round trip: %v\n%+v", err, got)
 	}
 	if b, err := EncodeResults(nil); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -26,11 +27,27 @@ func TestRandomLogsDeterministic(t *testing.T) {
 	}
 }
 
+// The lock family's logs: the same checks, over logs where most commands
+// are served.
+func TestRandomFamilyLogsDeterministic(t *testing.T) {
+	for seed := uint64(1); seed <= 200; seed++ {
+		r := rand.New(rand.NewPCG(seed, 43))
+		data := make([]byte, 500+r.IntN(3000))
+		for i := range data {
+			data[i] = byte(r.Uint32())
+		}
+		runLog(t, genFamilyLog(data))
+	}
+}
+
 // TestRandomLogsExercise makes sure the generated logs reach the states the
 // determinism tests are meant to cover, so that test cannot pass vacuously.
 func TestRandomLogsExercise(t *testing.T) {
 	seen := map[Status]int{}
 	handOffs, expiries := 0, 0
+	// The lock family: shared reads, semaphore permits held at once,
+	// groups granted whole at once and by hand-off.
+	sharedReads, semaphoreShared, groupsNow, groupsHandedOff := 0, 0, 0, 0
 	for seed := uint64(1); seed <= 50; seed++ {
 		r := rand.New(rand.NewPCG(seed, 7))
 		data := make([]byte, 2000)
@@ -38,7 +55,11 @@ func TestRandomLogsExercise(t *testing.T) {
 			data[i] = byte(r.Uint32())
 		}
 		c := newChecker()
-		for _, entry := range genLog(data) {
+		log := genLog(data)
+		if seed%2 == 0 {
+			log = genFamilyLog(data)
+		}
+		for _, entry := range log {
 			rs, gs, err := c.apply(entry...)
 			if err != nil {
 				t.Fatal(err)
@@ -56,15 +77,49 @@ func TestRandomLogsExercise(t *testing.T) {
 			if len(gs) > immediate {
 				handOffs++
 			}
+			for i, res := range rs {
+				if entry[i].Op == OpAcquire && entry[i].Group != 0 && res.Status == StatusGranted && i+1 < len(rs) && entry[i+1].Group != 0 && rs[i+1].Status == StatusGranted {
+					groupsNow++
+				}
+			}
+			byReq := map[[2]uint64]bool{}
+			for _, g := range gs {
+				if g.HandOff {
+					byReq[[2]uint64{g.Session, g.Req}] = true
+				}
+			}
+			for _, g := range gs {
+				if g.HandOff && byReq[[2]uint64{g.Session, g.Req + 1}] {
+					if info, ok := c.s.Request(g.Session, g.Req+1); ok && info.Found {
+						groupsHandedOff++
+					}
+				}
+			}
+			for _, key := range []string{"a", "b", "c", "dir/x", "r1", "r2", "s1"} {
+				info, ok := c.s.Key(key)
+				if !ok || len(info.Holders) < 2 {
+					continue
+				}
+				switch info.Role {
+				case KindWrite:
+					sharedReads++
+				case KindSemaphore:
+					semaphoreShared++
+				}
+			}
 		}
 	}
-	for st := StatusOK; st <= StatusStaleTerm; st++ {
+	for st := StatusOK; st <= StatusDeadlock; st++ {
 		if seen[st] == 0 {
 			t.Errorf("no %v result in the random logs", st)
 		}
 	}
 	if handOffs == 0 || expiries == 0 {
 		t.Errorf("random logs made %d hand-off entries and %d expiries", handOffs, expiries)
+	}
+	if sharedReads == 0 || semaphoreShared == 0 || groupsNow == 0 || groupsHandedOff == 0 {
+		t.Errorf("random logs held a read/write key by several readers %d times, a semaphore by several holders %d times, granted %d groups at once and %d by hand-off",
+			sharedReads, semaphoreShared, groupsNow, groupsHandedOff)
 	}
 }
 
@@ -98,7 +153,7 @@ func TestSnapshotRoundTripAndQueries(t *testing.T) {
 	}
 	// Tokens survive: the next grant continues the shard counter.
 	rs, _ := s2.Apply(s2.Index()+1, []Command{acq(1, 10, "new", true)})
-	if rs[0] != granted(c.s.Stats().NextToken) {
+	if !reflect.DeepEqual(rs[0], granted(c.s.Stats().NextToken)) {
 		t.Errorf("grant after Load = %+v, want token %d", rs[0], c.s.Stats().NextToken)
 	}
 	// Loading replaces everything.

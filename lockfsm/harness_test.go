@@ -3,6 +3,7 @@ package lockfsm
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -41,10 +42,11 @@ func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
 		c.lastToken[g.Key] = g.Token
 	}
 	for i, r := range rs {
-		if r.Status < StatusOK || r.Status > StatusStaleTerm {
+		if r.Status < StatusOK || r.Status > StatusDeadlock {
 			return rs, gs, fmt.Errorf("entry %d: command %d: bad status %d", c.index, i, r.Status)
 		}
-		if (r.Status == StatusInvalid || r.Status == StatusStaleTerm) != (r.Err != "") {
+		explained := r.Status == StatusInvalid || r.Status == StatusStaleTerm || r.Status == StatusMismatch || r.Status == StatusDeadlock
+		if explained != (r.Err != "") {
 			return rs, gs, fmt.Errorf("entry %d: command %d: status %v with err %q", c.index, i, r.Status, r.Err)
 		}
 	}
@@ -99,6 +101,37 @@ func genLog(data []byte) [][]Command {
 				}
 			case 2, 3, 4, 5, 6:
 				c.Op = OpAcquire
+				if b&0x40 != 0 { // the lock family
+					x := next()
+					c.Kind = Kind(x % 5) // 4 is unknown
+					c.Flags = Flags(x>>3) & 3
+					if c.Kind == KindRead || c.Kind == KindWrite {
+						c.Limit = 0
+					}
+					if c.Kind == KindSemaphore {
+						c.Limit = uint32(x>>5)%4 + 1
+						c.Permits = uint32(x>>6) % 3
+					}
+					if x&0x80 != 0 && i+1 < n {
+						// A group of 2 or 3: this and the next ones, with
+						// the next request ids and other keys, now and
+						// then spoiled by one field.
+						size := 2 + int(x>>2)%2
+						c.Group = uint16(size)
+						entry = append(entry, c)
+						for j := 1; j < size; j++ {
+							m := c
+							m.Req = c.Req + uint64(j)
+							m.Key = keys[(int(next())+j)%len(keys)]
+							if next()%16 == 0 {
+								m.Session++
+							}
+							entry = append(entry, m)
+						}
+						i += size - 1
+						continue
+					}
+				}
 			case 7, 8, 9:
 				c.Op = OpRelease
 			case 10, 11:
@@ -140,7 +173,7 @@ func queries(s *State) string {
 			fmt.Fprintf(&b, "  req %d %v %+v\n", req, ok, info)
 		}
 	}
-	for _, k := range []string{"a", "b", "c", "dir/x", "zz"} {
+	for _, k := range []string{"a", "b", "c", "dir/x", "zz", "r1", "r2", "s1", "m1", "m2"} { // the generators' keys
 		info, ok := s.Key(k)
 		fmt.Fprintf(&b, "key %q %v %+v\n", k, ok, info)
 	}
@@ -151,52 +184,163 @@ func queries(s *State) string {
 // and a state restored from a snapshot in the middle.
 func runLog(t testing.TB, log [][]Command) {
 	t.Helper()
+	if err := checkLog(t, log); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkLog is runLog returning the first violation it finds.
+func checkLog(t testing.TB, log [][]Command) error {
+	t.Helper()
 	a, b := newChecker(), newChecker()
 	var restored *checker
 	half := len(log) / 2
 	for i, entry := range log {
 		ra, ga, err := a.apply(entry...)
 		if err != nil {
-			t.Fatalf("%v\nentry: %+v", err, entry)
+			return fmt.Errorf("%v\nentry: %+v", err, entry)
 		}
 		rb, gb, _ := b.apply(entry...)
-		if !slices.Equal(ra, rb) || !slices.EqualFunc(ga, gb, func(x, y Grant) bool { return x == y }) {
-			t.Fatalf("entry %d: twins disagree:\n%+v %+v\n%+v %+v", i, ra, ga, rb, gb)
+		if !reflect.DeepEqual(ra, rb) || !slices.EqualFunc(ga, gb, func(x, y Grant) bool { return x == y }) {
+			return fmt.Errorf("entry %d: twins disagree:\n%+v %+v\n%+v %+v", i, ra, ga, rb, gb)
 		}
 		if restored != nil {
 			rr, gr, err := restored.apply(entry...)
 			if err != nil {
-				t.Fatalf("restored: %v", err)
+				return fmt.Errorf("restored: %v", err)
 			}
-			if !slices.Equal(ra, rr) || !slices.Equal(ga, gr) {
-				t.Fatalf("entry %d: restored state disagrees:\n%+v %+v\n%+v %+v", i, ra, ga, rr, gr)
+			if !reflect.DeepEqual(ra, rr) || !slices.Equal(ga, gr) {
+				return fmt.Errorf("entry %d: restored state disagrees:\n%+v %+v\n%+v %+v", i, ra, ga, rr, gr)
 			}
 		}
 		if i == half {
 			snap := snapshot(t, a.s)
 			restored = newChecker()
 			if err := restored.s.Load(bytes.NewReader(snap)); err != nil {
-				t.Fatalf("Load of a saved snapshot: %v", err)
+				return fmt.Errorf("Load of a saved snapshot: %v", err)
 			}
 			restored.index = a.index
 			for k, v := range a.lastToken {
 				restored.lastToken[k] = v
 			}
 			if again := snapshot(t, restored.s); !bytes.Equal(snap, again) {
-				t.Fatalf("Save after Load differs")
+				return fmt.Errorf("Save after Load differs")
 			}
 			if qa, qr := queries(a.s), queries(restored.s); qa != qr {
-				t.Fatalf("queries differ after Load:\n%s\n%s", qa, qr)
+				return fmt.Errorf("queries differ after Load:\n%s\n%s", qa, qr)
 			}
 		}
 	}
 	sa, sb := snapshot(t, a.s), snapshot(t, b.s)
 	if !bytes.Equal(sa, sb) {
-		t.Fatalf("twin snapshots differ")
+		return fmt.Errorf("twin snapshots differ")
 	}
 	if restored != nil {
 		if sr := snapshot(t, restored.s); !bytes.Equal(sa, sr) {
-			t.Fatalf("snapshot of the restored state differs from never snapshotting")
+			return fmt.Errorf("snapshot of the restored state differs from never snapshotting")
 		}
 	}
+	return nil
+}
+
+// genFamilyLog turns bytes into a log that drives the lock family: four
+// sessions stay open (reopened when they end), each with its own rising
+// request ids, taking read/write keys, a semaphore of 3 permits, mutexes
+// and groups of them, waiting or not and with the deadlock check or not,
+// releasing and cancelling what it asked for, now and then expiring or
+// closing. Keys keep their roles, so most commands are served rather than
+// refused.
+func genFamilyLog(data []byte) [][]Command {
+	next := func() byte {
+		if len(data) == 0 {
+			return 0
+		}
+		b := data[0]
+		data = data[1:]
+		return b
+	}
+	type kk struct {
+		key  string
+		kind func(b byte) (Kind, uint32, uint32) // kind, limit, permits
+	}
+	rw := func(b byte) (Kind, uint32, uint32) {
+		if b%3 == 0 {
+			return KindWrite, 0, 0
+		}
+		return KindRead, 0, 0
+	}
+	semaphore := func(b byte) (Kind, uint32, uint32) { return KindSemaphore, 3, uint32(b%3) + 1 }
+	mutex := func(byte) (Kind, uint32, uint32) { return KindMutex, 0, 0 }
+	keys := []kk{{"r1", rw}, {"r2", rw}, {"s1", semaphore}, {"m1", mutex}, {"m2", mutex}}
+
+	var log [][]Command
+	ids := make([]uint64, 4)  // live session ids by slot; 0: to open
+	reqs := make([]uint64, 4) // last request id by slot
+	for len(data) > 0 && len(log) < 300 {
+		index := uint64(len(log) + 1)
+		var entry []Command
+		for slot := range ids {
+			if ids[slot] == 0 {
+				entry = append(entry, Command{Op: OpOpenSession, Owner: fmt.Sprintf("n%d", slot), TTLMillis: 1000, Label: uint64(slot) + 1})
+				ids[slot], reqs[slot] = index, 0
+				break // one open per entry keeps ids equal to the index
+			}
+		}
+		for n := int(next()%3) + 1; n > 0 && len(data) > 0; n-- {
+			b := next()
+			slot := int(b % 4)
+			sess := ids[slot]
+			if sess == 0 || sess == index {
+				continue
+			}
+			wait := b&0x20 != 0
+			flags := Flags(b>>6) & (FlagDetail | FlagDeadlock)
+			switch op := next() % 16; {
+			case op < 7: // one acquire
+				k := keys[int(next())%len(keys)]
+				kind, limit, permits := k.kind(next())
+				reqs[slot]++
+				entry = append(entry, Command{Op: OpAcquire, Session: sess, Req: reqs[slot], Key: k.key, Wait: wait,
+					Kind: kind, Limit: limit, Permits: permits, Flags: flags})
+			case op < 9: // a group of two or three keys
+				size := 2 + int(next()%2)
+				first := int(next())
+				reqs[slot]++
+				base := reqs[slot]
+				reqs[slot] += uint64(size - 1)
+				for j := range size {
+					k := keys[(first+j)%len(keys)]
+					kind, limit, permits := k.kind(next())
+					entry = append(entry, Command{Op: OpAcquire, Session: sess, Req: base + uint64(j), Key: k.key, Wait: wait,
+						Kind: kind, Limit: limit, Permits: permits, Group: uint16(size), Flags: flags})
+				}
+			case op < 13: // release an earlier request
+				if reqs[slot] == 0 {
+					continue
+				}
+				target := reqs[slot] - uint64(next())%min(reqs[slot], 4)
+				reqs[slot]++
+				entry = append(entry, Command{Op: OpRelease, Session: sess, Req: reqs[slot], Target: target})
+			case op < 15: // cancel an earlier request
+				if reqs[slot] == 0 {
+					continue
+				}
+				target := reqs[slot] - uint64(next())%min(reqs[slot], 3)
+				reqs[slot]++
+				entry = append(entry, Command{Op: OpCancel, Session: sess, Req: reqs[slot], Target: target})
+			default: // end the session
+				if b&1 == 0 {
+					entry = append(entry, Command{Op: OpCloseSession, Session: sess})
+				} else {
+					entry = append(entry, Command{Op: OpExpireSession, Session: sess})
+				}
+				ids[slot] = 0
+			}
+		}
+		if len(entry) == 0 {
+			entry = append(entry, Command{Op: OpLeaderTerm, Term: 0}) // invalid: a no-op entry
+		}
+		log = append(log, entry)
+	}
+	return log
 }

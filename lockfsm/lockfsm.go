@@ -35,10 +35,12 @@ const (
 	// Label, and a cluster writes it from feature level 3 on (see
 	// SaveFormat and MinSnapshotFormat).
 	SnapshotVersion = 3
-	// ResultVersion is the format of result batches EncodeResults writes;
-	// DecodeResults reads MinVersion to ResultVersion. Results travel back
-	// to the proposer, which may run an older release than the replica.
-	ResultVersion = 2
+	// ResultVersion is the newest format of result batches; DecodeResults
+	// reads MinVersion to ResultVersion. Results travel back to the
+	// proposer, which may run an older release than the replica, so
+	// EncodeResults writes version 2 unless a result names holders
+	// (version 3), which only an Acquire of feature level 3 asks for.
+	ResultVersion = 3
 )
 
 // Limits enforced by Apply, ValidateKey and the decoders.
@@ -153,6 +155,26 @@ type Command struct {
 	// queries return with every holder. 0 means none. Only FormatTagged
 	// carries it (tag 12): a cluster writes it from feature level 3 on.
 	Label uint64
+
+	// The lock family (Acquire; FormatTagged only, from feature level 3).
+	//
+	// Kind is what the attempt asks of Key: KindMutex (the zero value,
+	// the only kind before level 3), KindRead or KindWrite on a
+	// read/write key, KindSemaphore on a semaphore key. A key has one
+	// role while anybody holds or waits for it: an Acquire of another
+	// role's kind is refused with StatusMismatch.
+	Kind Kind
+	// Permits is how many of a semaphore key's Limit permits a
+	// KindSemaphore attempt takes; 0 means 1.
+	Permits uint32
+	// Group makes this Acquire one of an all-or-nothing group of Group
+	// Acquires (2 to MaxGroup): the command and the Group-1 after it in
+	// the same entry, of the same Session with consecutive Reqs, on
+	// distinct keys, with the same Wait and Group. They are granted
+	// together in one entry or not at all. 0 means no group.
+	Group uint16
+	// Flags ask more of an Acquire: FlagDetail, FlagDeadlock.
+	Flags Flags
 	// Term is the Raft term of the leader that decided the command
 	// (ExpireSession, LeaderTerm). An ExpireSession applies only if its
 	// Term is the leader term the state has recorded: a leader whose term
@@ -188,6 +210,15 @@ const (
 	// StatusStaleTerm: an ExpireSession decided in a term other than the
 	// recorded leader term, or a LeaderTerm below it; nothing changed.
 	StatusStaleTerm
+	// StatusMismatch: an Acquire of a kind the key's role does not take
+	// (a semaphore's key locked as a mutex), or of a semaphore whose
+	// permit count (Limit) differs from the key's; Err names both.
+	// Nothing changed.
+	StatusMismatch
+	// StatusDeadlock: an Acquire with FlagDeadlock that would have waited
+	// and closed a wait-for cycle of sessions; Err names the cycle. The
+	// attempt is refused (terminal), as a TryLock is.
+	StatusDeadlock
 )
 
 // String returns the status name.
@@ -213,6 +244,10 @@ func (s Status) String() string {
 		return "Invalid"
 	case StatusStaleTerm:
 		return "StaleTerm"
+	case StatusMismatch:
+		return "Mismatch"
+	case StatusDeadlock:
+		return "Deadlock"
 	}
 	return fmt.Sprintf("Status(%d)", uint8(s))
 }
@@ -225,8 +260,12 @@ type Result struct {
 	// Token is the fencing token of the grant (Granted, Released, and OK of a
 	// Release that released or had released a grant).
 	Token uint64
-	// Err explains a StatusInvalid or a StatusStaleTerm.
+	// Err explains a StatusInvalid, StatusStaleTerm, StatusMismatch or
+	// StatusDeadlock.
 	Err string
+	// Holders are the key's holders when an Acquire with FlagDetail is
+	// refused (StatusLocked), in grant order, at most maxDetailHolders.
+	Holders []Holder
 }
 
 // Grant is a side effect of Apply: a lock attempt that became a holder in
@@ -281,7 +320,16 @@ func (r ReqState) live() bool { return r == ReqWaiting || r == ReqHeld }
 type attempt struct {
 	key   string // "" for the tombstone of a Cancel that came before its Acquire
 	state ReqState
-	token uint64 // token of the grant, once granted
+	kind  Kind
+	// deadlock records FlagDeadlock: the attempt's session counts as one
+	// thread of control, so its waits are edges of the wait-for graph.
+	deadlock bool
+	// size is the number of attempts of its all-or-nothing group, whose
+	// first has the request id group; size 0 is no group.
+	size    uint16
+	permits uint32 // of a KindSemaphore attempt; 1 for every other
+	group   uint64
+	token   uint64 // token of the grant, once granted
 	// last is the highest Req of the session's commands that touched this
 	// attempt (its Acquire, Release or Cancel): the attempt is forgotten only
 	// once the client acknowledged all of them.
@@ -321,13 +369,14 @@ type slot struct {
 // contended.
 type lockKey struct {
 	limit   uint32
+	role    role
 	holders []slot  // grant order, so tokens ascend
 	first   [1]slot // backing array of holders until a second holder
 	queue   *[]slot // waiters in FIFO order; nil while nobody waits
 }
 
-func newLockKey(limit uint32) *lockKey {
-	k := &lockKey{limit: limit}
+func newLockKey(limit uint32, r role) *lockKey {
+	k := &lockKey{limit: limit, role: r}
 	k.holders = k.first[:0]
 	return k
 }
@@ -351,6 +400,13 @@ func (k *lockKey) setWaiters(w []slot) {
 	default:
 		*k.queue = w
 	}
+}
+
+// popWaiter removes the head of the queue.
+func (k *lockKey) popWaiter() {
+	q := k.waiters()
+	q[0] = slot{}
+	k.setWaiters(q[1:])
 }
 
 // unqueue removes the waiter (session, req) from the queue.
@@ -414,16 +470,19 @@ func (s *State) Apply(index uint64, cmds []Command) (results []Result, grants []
 	s.index = index
 	a := applier{s: s, index: index}
 	opened := false
-	for i := range cmds {
+	for i := 0; i < len(cmds); i++ {
 		c := &cmds[i]
-		if c.Op == OpOpenSession {
+		switch {
+		case c.Op == OpOpenSession:
 			results[i] = a.openSession(c, i, opened)
 			if results[i].Status == StatusOK {
 				opened = true
 			}
-			continue
+		case c.Op == OpAcquire && c.Group != 0:
+			i += a.acquireGroup(cmds[i:], results[i:]) - 1
+		default:
+			results[i] = a.apply(c)
 		}
-		results[i] = a.apply(c)
 	}
 	return results, a.grants
 }
@@ -542,43 +601,69 @@ func answer(at *attempt) Result {
 
 func (a *applier) acquire(sess *session, c *Command) Result {
 	if at := sess.reqs[c.Req]; at != nil {
-		if at.key != "" && at.key != c.Key {
-			return invalid(fmt.Sprintf("Acquire: request id %d was already used for another key", c.Req))
-		}
-		if c.Req > at.last {
-			at.last = c.Req
-		}
-		return answer(at)
+		return repeat(at, c)
 	}
 	if c.Req < sess.ack {
 		return invalid(fmt.Sprintf("Acquire: request id %d is below the acknowledged id %d; use a new request id", c.Req, sess.ack))
 	}
-	limit := c.Limit
-	if limit == 0 {
-		limit = 1
+	k, res, ok := a.s.checkAcquire(c)
+	if !ok {
+		return res
 	}
-	k := a.s.keys[c.Key]
-	if k != nil && k.limit != limit {
-		return invalid(fmt.Sprintf("Acquire: limit %d differs from the key's current limit %d", limit, k.limit))
-	}
-	at := &attempt{key: c.Key, last: c.Req}
+	at := newAttempt(c)
 	sess.reqs[c.Req] = at
 	if k == nil {
-		k = newLockKey(limit)
+		k = newLockKey(limitOf(c), roleOf(c.Kind))
 		a.s.keys[c.Key] = k
 	}
-	if len(k.waiters()) == 0 && uint64(len(k.holders)) < uint64(k.limit) {
+	if len(k.waiters()) == 0 && a.s.canGrant(k, at) {
 		a.grant(c.Key, k, sess, c.Req, at, false)
 		return Result{Status: StatusGranted, Token: at.token}
 	}
 	if !c.Wait {
 		sess.finish(c.Req, at, ReqRejected)
-		return Result{Status: StatusLocked}
+		res := Result{Status: StatusLocked}
+		if c.Flags&FlagDetail != 0 {
+			res.Holders = a.s.holders(k.holders, maxDetailHolders)
+		}
+		a.dropIfIdle(c.Key, k)
+		return res
 	}
+	if c.Flags&FlagDeadlock != 0 {
+		if cycle := a.s.cycle(sess.id, []*lockKey{k}); cycle != "" {
+			sess.finish(c.Req, at, ReqRejected)
+			a.dropIfIdle(c.Key, k)
+			return Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire %q: waiting would close a wait-for cycle: %s", c.Key, cycle)}
+		}
+	}
+	a.enqueue(k, sess, c.Req, at)
+	return Result{Status: StatusQueued}
+}
+
+// repeat answers an Acquire whose attempt exists: a retry.
+func repeat(at *attempt, c *Command) Result {
+	if at.key != "" && at.key != c.Key {
+		return invalid(fmt.Sprintf("Acquire: request id %d was already used for another key", c.Req))
+	}
+	if c.Req > at.last {
+		at.last = c.Req
+	}
+	return answer(at)
+}
+
+// enqueue makes the new attempt a waiter at the tail of k's queue.
+func (a *applier) enqueue(k *lockKey, sess *session, req uint64, at *attempt) {
 	at.state = ReqWaiting
 	sess.waiting++
-	k.setWaiters(append(k.waiters(), slot{session: sess.id, req: c.Req}))
-	return Result{Status: StatusQueued}
+	k.setWaiters(append(k.waiters(), slot{session: sess.id, req: req}))
+}
+
+// dropIfIdle deletes k, made for an attempt that was then refused, once
+// nobody holds or waits for it.
+func (a *applier) dropIfIdle(key string, k *lockKey) {
+	if k.idle() {
+		delete(a.s.keys, key)
+	}
 }
 
 // grant makes the attempt a holder of k with the next shard token.
@@ -591,22 +676,47 @@ func (a *applier) grant(key string, k *lockKey, sess *session, req uint64, at *a
 	a.grants = append(a.grants, Grant{Key: key, Session: sess.id, Req: req, Token: at.token, Owner: sess.owner, HandOff: handOff})
 }
 
-// handOff grants waiters in FIFO order while k has spare capacity, and
-// deletes k once nobody holds or waits for it.
+// handOff grants k's waiters in FIFO order while its head can be granted
+// (a group's head only together with the rest of its group, at the heads
+// of their keys' queues), and deletes k once nobody holds or waits for it.
+// Granting a group takes the heads of its other keys' queues too, so those
+// keys hand off next, in the order their grants were made.
 func (a *applier) handOff(key string, k *lockKey) {
-	queue := k.waiters()
-	for len(queue) > 0 && uint64(len(k.holders)) < uint64(k.limit) {
-		w := queue[0]
-		queue[0] = slot{}
-		queue = queue[1:]
-		sess := a.s.sessions[w.session]
-		at := sess.reqs[w.req]
-		sess.waiting--
-		a.grant(key, k, sess, w.req, at, true)
-	}
-	k.setWaiters(queue)
-	if k.idle() {
-		delete(a.s.keys, key)
+	work := []string{key}
+	for len(work) > 0 {
+		key, work = work[0], work[1:]
+		k := a.s.keys[key]
+		if k == nil {
+			continue
+		}
+		for len(k.waiters()) > 0 {
+			w := k.waiters()[0]
+			sess := a.s.sessions[w.session]
+			at := sess.reqs[w.req]
+			if at.size == 0 || broken.groupPiecemeal {
+				if !a.s.canGrant(k, at) {
+					break
+				}
+				k.popWaiter()
+				sess.waiting--
+				a.grant(key, k, sess, w.req, at, true)
+				continue
+			}
+			if !a.s.groupReady(sess, at.group, at.size) {
+				break
+			}
+			for req := at.group; req < at.group+uint64(at.size); req++ {
+				m := sess.reqs[req]
+				mk := a.s.keys[m.key]
+				mk.popWaiter()
+				sess.waiting--
+				a.grant(m.key, mk, sess, req, m, true)
+				if m.key != key {
+					work = append(work, m.key)
+				}
+			}
+		}
+		a.dropIfIdle(key, k)
 	}
 }
 
@@ -619,14 +729,28 @@ func (a *applier) unhold(sess *session, req uint64, at *attempt) {
 	a.handOff(at.key, k)
 }
 
-// unqueue removes the waiting attempt (sess, req) from its key's queue.
+// unqueue removes the waiting attempt (sess, req) from its key's queue,
+// and with it every other waiting attempt of its group: a group is taken
+// whole or not at all, so what is left of it could never be granted.
 func (a *applier) unqueue(sess *session, req uint64, at *attempt) {
-	k := a.s.keys[at.key]
-	k.unqueue(sess.id, req)
-	sess.waiting--
-	sess.finish(req, at, ReqCancelled)
-	// A waiter leaving never frees capacity, but the queue may now be empty.
-	a.handOff(at.key, k)
+	first, last := req, req
+	if at.size != 0 {
+		first, last = at.group, at.group+uint64(at.size)-1
+	}
+	for r := first; r <= last; r++ {
+		m := sess.reqs[r]
+		if m == nil || m.state != ReqWaiting {
+			continue
+		}
+		k := a.s.keys[m.key]
+		k.unqueue(sess.id, r)
+		sess.waiting--
+		sess.finish(r, m, ReqCancelled)
+		// A waiter leaving frees no capacity, but it may have been the
+		// head that blocked the queue (a group not ready, a large
+		// semaphore request, a writer before readers).
+		a.handOff(m.key, k)
+	}
 }
 
 func touch(at *attempt, req uint64) {
@@ -660,7 +784,7 @@ func (a *applier) cancel(sess *session, c *Command) Result {
 		// instead of queueing an attempt nobody waits for. Target 0 and
 		// targets below the Ack can never be acquired, so need none.
 		if c.Target != 0 && c.Target >= sess.ack {
-			at := &attempt{last: max(c.Target, c.Req)}
+			at := &attempt{last: max(c.Target, c.Req), permits: 1}
 			sess.reqs[c.Target] = at
 			sess.finish(c.Target, at, ReqCancelled)
 		}
@@ -693,6 +817,7 @@ func (a *applier) endSession(sess *session) {
 		}
 	}
 	slices.Sort(reqs)
+	var left []string // keys a waiter left: its head may be grantable now
 	for _, req := range reqs {
 		if at := sess.reqs[req]; at.state == ReqWaiting {
 			k := a.s.keys[at.key]
@@ -701,6 +826,8 @@ func (a *applier) endSession(sess *session) {
 			at.state = ReqCancelled
 			if k.idle() {
 				delete(a.s.keys, at.key)
+			} else if len(k.holders) == 0 || k.role != roleMutex {
+				left = append(left, at.key)
 			}
 		}
 	}
@@ -710,4 +837,13 @@ func (a *applier) endSession(sess *session) {
 		}
 	}
 	delete(a.s.sessions, sess.id)
+	// A mutex queue only ever waits on its holders, so a waiter leaving
+	// frees nothing there (and a mutex key's order of hand-offs stays
+	// what it was before the lock family). On the other roles, and on a
+	// key whose group head left, the new head may be grantable.
+	for _, key := range left {
+		if k := a.s.keys[key]; k != nil {
+			a.handOff(key, k)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package lockfsm
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -87,7 +88,7 @@ func TestApplyTable(t *testing.T) {
 			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
 		}, check: func(t *testing.T, s *State) {
 			info, ok := s.Key("x")
-			if !ok || info.Limit != 1 || len(info.Holders) != 1 || info.Holders[0] != (Holder{A, 1, 1, "na", 0}) {
+			if !ok || info.Limit != 1 || len(info.Holders) != 1 || info.Holders[0] != (Holder{Session: A, Req: 1, Token: 1, Owner: "na", Permits: 1}) {
 				t.Errorf("Key(x) = %+v, %v", info, ok)
 			}
 		}},
@@ -265,7 +266,7 @@ func TestApplyTable(t *testing.T) {
 			one(acq(B, 3, "x", true), queued),
 		}, check: func(t *testing.T, s *State) {
 			info, _ := s.Key("x")
-			want := []Holder{{C, 4, 0, "nc", 0}, {B, 3, 0, "nb", 0}}
+			want := []Holder{{Session: C, Req: 4, Owner: "nc", Permits: 1}, {Session: B, Req: 3, Owner: "nb", Permits: 1}}
 			if !slices.Equal(info.Waiters, want) {
 				t.Errorf("Waiters = %+v, want %+v", info.Waiters, want)
 			}
@@ -376,7 +377,7 @@ func TestApplyTable(t *testing.T) {
 			c := newChecker()
 			for _, sess := range []uint64{A, B, C} {
 				rs, _, err := c.apply(Command{Op: OpOpenSession, Owner: owners[sess], TTLMillis: 5000})
-				if err != nil || rs[0] != (Result{Status: StatusOK, Session: sess}) {
+				if err != nil || !reflect.DeepEqual(rs[0], Result{Status: StatusOK, Session: sess}) {
 					t.Fatalf("open session: %+v %v", rs, err)
 				}
 			}
@@ -390,7 +391,7 @@ func TestApplyTable(t *testing.T) {
 					if w.Err == "*" && r.Err != "" {
 						w.Err = r.Err
 					}
-					if r != w {
+					if !reflect.DeepEqual(r, w) {
 						t.Errorf("step %d (%v): command %d: got %+v, want %+v", i, st.cmds[j].Op, j, r, st.want[j])
 					}
 				}

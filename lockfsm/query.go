@@ -34,17 +34,23 @@ func (s *State) Request(session, req uint64) (info RequestInfo, sessionFound boo
 }
 
 // Holder is a holder or waiter of a key. Waiters have Token 0. Owner and
-// Label are its session's (Command.Owner and Command.Label).
+// Label are its session's (Command.Owner and Command.Label); Kind and
+// Permits its attempt's (Permits is 1 but for semaphores).
 type Holder struct {
 	Session, Req, Token uint64
 	Owner               string
 	Label               uint64
+	Kind                Kind
+	Permits             uint32
 }
 
 // KeyInfo describes a key that is held or waited for.
 type KeyInfo struct {
 	Key   string
 	Limit uint32
+	// Role is the kind of lock the key is: KindMutex, KindWrite for a
+	// read/write lock, or KindSemaphore.
+	Role Kind
 	// Holders in grant order (ascending tokens).
 	Holders []Holder
 	// Waiters in FIFO order: the first is granted next.
@@ -58,19 +64,26 @@ func (s *State) Key(key string) (info KeyInfo, ok bool) {
 	if k == nil {
 		return KeyInfo{}, false
 	}
-	info = KeyInfo{Key: key, Limit: k.limit, Holders: s.holders(k.holders), Waiters: s.holders(k.waiters())}
+	info = KeyInfo{Key: key, Limit: k.limit, Role: k.role.kindName(), Holders: s.holders(k.holders, 0), Waiters: s.holders(k.waiters(), 0)}
 	return info, true
 }
 
-func (s *State) holders(slots []slot) []Holder {
+// holders describes slots, at most max of them (0: all).
+func (s *State) holders(slots []slot, max int) []Holder {
+	if max > 0 && len(slots) > max {
+		slots = slots[:max]
+	}
 	if len(slots) == 0 {
 		return nil
 	}
 	out := make([]Holder, len(slots))
 	for i, h := range slots {
-		out[i] = Holder{Session: h.session, Req: h.req, Token: h.token}
+		out[i] = Holder{Session: h.session, Req: h.req, Token: h.token, Permits: 1}
 		if sess := s.sessions[h.session]; sess != nil {
 			out[i].Owner, out[i].Label = sess.owner, sess.label
+			if at := sess.reqs[h.req]; at != nil {
+				out[i].Kind, out[i].Permits = at.kind, at.permits
+			}
 		}
 	}
 	return out

@@ -18,13 +18,15 @@ import (
 //
 //	[index, lastToken, term, sessions, keys]
 //	session: [id, owner, ttlMillis, ack, attempts, label]   sessions sorted by id
-//	attempt: [req, key, state, token, last]          attempts sorted by req
-//	key:     [key, limit, holders, waiters]          keys sorted by bytes
+//	attempt: [req, key, state, token, last, kind, permits, group, size, deadlock]
+//	                                                 attempts sorted by req
+//	key:     [key, limit, holders, waiters, role]    keys sorted by bytes
 //	holder:  [session, req, token]                   in grant order
 //	waiter:  [session, req]                          in FIFO order
 //
-// Version 2 sessions have no label ([id, owner, ttlMillis, ack, attempts])
-// and load with label 0; version 1 snapshots also have no term ([index,
+// Version 2 sessions have no label ([id, owner, ttlMillis, ack, attempts]),
+// attempts end at last and keys at waiters: they load as mutexes without
+// groups, labels or the deadlock flag; version 1 snapshots also have no term ([index,
 // lastToken, sessions, keys]) and load with term 0.
 //
 // Sorted order and shortest encodings make the snapshot a function of the
@@ -37,8 +39,10 @@ const (
 	snapshotFieldsV1 = 4
 	sessionFields    = 6
 	sessionFieldsV2  = 5
-	attemptFields    = 5
-	keyFields        = 4
+	attemptFields    = 10
+	attemptFieldsV2  = 5
+	keyFields        = 5
+	keyFieldsV2      = 4
 	holderFields     = 3
 	waiterFields     = 2
 )
@@ -51,23 +55,23 @@ func (s *State) Save(w io.Writer) error { return s.SaveFormat(w, SnapshotVersion
 // SaveFormat writes the canonical snapshot of the state to w in the given
 // snapshot format: a cluster writes the format its feature level allows, so
 // that every replica it may send the snapshot to can load it. This release
-// writes formats 2 and 3. Format 2 cannot carry session labels: a state
-// that holds one is refused with ErrVersion, as is any other format, before
+// writes formats 2 and 3. Format 2 cannot carry session labels or the
+// lock family's state: a state that holds them is refused with ErrVersion, as is any other format, before
 // anything is written (MinSnapshotFormat says which format a state needs).
 func (s *State) SaveFormat(w io.Writer, format byte) error {
 	if format != 2 && format != SnapshotVersion {
 		return fmt.Errorf("lockfsm: save snapshot: %w: format %d, this release writes 2 and %d", ErrVersion, format, SnapshotVersion)
 	}
 	if need := s.MinSnapshotFormat(); format < need {
-		return fmt.Errorf("lockfsm: save snapshot: %w: format %d cannot hold this state's session labels, which need format %d", ErrVersion, format, need)
+		return fmt.Errorf("lockfsm: save snapshot: %w: format %d cannot hold this state's session labels or lock family, which need format %d", ErrVersion, format, need)
 	}
 	bw := bufio.NewWriter(w)
 	if err := bw.WriteByte(format); err != nil {
 		return fmt.Errorf("lockfsm: save snapshot: %w", err)
 	}
-	fields := sessionFields
+	fields, atFields, kFields := sessionFields, attemptFields, keyFields
 	if format == 2 {
-		fields = sessionFieldsV2
+		fields, atFields, kFields = sessionFieldsV2, attemptFieldsV2, keyFieldsV2
 	}
 	e := stickyEncoder{e: msgpack.NewEncoder(bw)}
 	e.arrayLen(snapshotFields)
@@ -97,12 +101,19 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 		e.arrayLen(len(reqs))
 		for _, req := range reqs {
 			at := sess.reqs[req]
-			e.arrayLen(attemptFields)
+			e.arrayLen(atFields)
 			e.uint(req)
 			e.str(at.key)
 			e.uint(uint64(at.state))
 			e.uint(at.token)
 			e.uint(at.last)
+			if atFields == attemptFields {
+				e.uint(uint64(at.kind))
+				e.uint(uint64(at.permits))
+				e.uint(at.group)
+				e.uint(uint64(at.size))
+				e.bool(at.deadlock)
+			}
 		}
 		if fields == sessionFields {
 			e.uint(sess.label)
@@ -117,7 +128,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 	e.arrayLen(len(keys))
 	for _, key := range keys {
 		k := s.keys[key]
-		e.arrayLen(keyFields)
+		e.arrayLen(kFields)
 		e.str(key)
 		e.uint(uint64(k.limit))
 		e.arrayLen(len(k.holders))
@@ -133,6 +144,9 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 			e.uint(h.session)
 			e.uint(h.req)
 		}
+		if kFields == keyFields {
+			e.uint(uint64(k.role))
+		}
 	}
 	if e.err != nil {
 		return fmt.Errorf("lockfsm: save snapshot: %w", e.err)
@@ -144,13 +158,24 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 }
 
 // MinSnapshotFormat is the oldest snapshot format that can hold the state:
-// 3 once a session has a label, which only a cluster at feature level 3
-// writes, else 2. A replica writes at least this format even while its
-// own view of the cluster's level still says 2: the entry that opened a
-// labelled session was proposed at level 3, so every member reads format 3.
+// 3 once it holds what only a cluster at feature level 3 writes (a session
+// label, a key of the lock family, an attempt of a group or with the
+// deadlock flag), else 2. A replica writes at least this format even
+// while its own view of the cluster's level still says 2: the entry that
+// made it was proposed at level 3, so every member reads format 3.
 func (s *State) MinSnapshotFormat() byte {
 	for _, sess := range s.sessions {
 		if sess.label != 0 {
+			return 3
+		}
+		for _, at := range sess.reqs {
+			if at.kind != KindMutex || at.size != 0 || at.deadlock {
+				return 3
+			}
+		}
+	}
+	for _, k := range s.keys {
+		if k.role != roleMutex {
 			return 3
 		}
 	}
@@ -172,6 +197,12 @@ func (e *stickyEncoder) arrayLen(n int) {
 func (e *stickyEncoder) uint(v uint64) {
 	if e.err == nil {
 		e.err = e.e.EncodeUint(v)
+	}
+}
+
+func (e *stickyEncoder) bool(v bool) {
+	if e.err == nil {
+		e.err = e.e.EncodeBool(v)
 	}
 }
 
@@ -221,9 +252,9 @@ func decodeSnapshot(b []byte) (*State, error) {
 		return nil, d.err
 	}
 
-	sessFields := sessionFields
+	sessFields, atFields, kFields := sessionFields, attemptFields, keyFields
 	if d.version < 3 {
-		sessFields = sessionFieldsV2
+		sessFields, atFields, kFields = sessionFieldsV2, attemptFieldsV2, keyFieldsV2
 	}
 	// Smallest session: header, id, owner, ttl, ack, attempts(, label).
 	n, err := d.arrayLen("sessions", sessFields+1)
@@ -245,20 +276,27 @@ func decodeSnapshot(b []byte) (*State, error) {
 			return nil, d.errorf("session %d not in ascending order after %d", sess.id, prevID)
 		}
 		prevID = sess.id
-		m, err := d.arrayLen("attempts", attemptFields+1)
+		m, err := d.arrayLen("attempts", atFields+1)
 		if err != nil {
 			return nil, err
 		}
 		sess.reqs = make(map[uint64]*attempt, m)
 		var prevReq uint64
 		for j := 0; j < m; j++ {
-			_ = d.record("attempt", attemptFields)
+			_ = d.record("attempt", atFields)
 			req := d.uint("req", math.MaxUint64)
-			at := &attempt{}
+			at := &attempt{permits: 1}
 			at.key = d.str("key", MaxKeyLen)
 			at.state = ReqState(d.uint("state", math.MaxUint8))
 			at.token = d.uint("token", math.MaxUint64)
 			at.last = d.uint("last", math.MaxUint64)
+			if atFields == attemptFields {
+				at.kind = Kind(d.uint("kind", math.MaxUint8))
+				at.permits = uint32(d.uint("permits", math.MaxUint32))
+				at.group = d.uint("group", math.MaxUint64)
+				at.size = uint16(d.uint("size", math.MaxUint16))
+				at.deadlock = d.bool("deadlock")
+			}
 			if d.err != nil {
 				return nil, d.err
 			}
@@ -285,15 +323,15 @@ func decodeSnapshot(b []byte) (*State, error) {
 		s.sessions[sess.id] = sess
 	}
 
-	n, err = d.arrayLen("keys", keyFields+1)
+	n, err = d.arrayLen("keys", kFields+1)
 	if err != nil {
 		return nil, err
 	}
 	var prevKey string
 	for i := 0; i < n; i++ {
-		_ = d.record("key", keyFields)
+		_ = d.record("key", kFields)
 		key := d.str("key", MaxKeyLen)
-		k := newLockKey(uint32(d.uint("limit", math.MaxUint32)))
+		k := newLockKey(uint32(d.uint("limit", math.MaxUint32)), roleMutex)
 		if d.err != nil {
 			return nil, d.err
 		}
@@ -309,6 +347,12 @@ func decodeSnapshot(b []byte) (*State, error) {
 			return nil, err
 		}
 		k.setWaiters(waiters)
+		if kFields == keyFields {
+			k.role = role(d.uint("role", uint64(roleSemaphore)))
+			if d.err != nil {
+				return nil, d.err
+			}
+		}
 		s.keys[key] = k
 	}
 	if err := d.end(); err != nil {
