@@ -205,9 +205,9 @@ func TestFIFOHandoff(t *testing.T) {
 }
 
 // waitQueued waits until key has n waiters.
-func waitQueued(t *testing.T, n *Node, key string, waiters int) {
+func waitQueued(t testing.TB, n *Node, key string, waiters int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // fails a waiter that never queues, not a slow one
 	var info KeyInfo
 	var err error
 	for time.Now().Before(deadline) {
