@@ -308,14 +308,14 @@ func TestCloseErrorsSayItOnce(t *testing.T) {
 	}
 	select {
 	case <-l.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("Done still open 5s after Close")
+	case <-time.After(30 * time.Second):
+		t.Fatal("Done still open 30s after Close")
 	}
 	var waitErr error
 	select {
 	case waitErr = <-waiter:
-	case <-time.After(5 * time.Second):
-		t.Fatal("a waiting Lock still blocked 5s after Close")
+	case <-time.After(30 * time.Second):
+		t.Fatal("a waiting Lock still blocked 30s after Close")
 	}
 	_, lockErr := n.Lock(ctx, "close/text")
 	for what, err := range map[string]error{

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -79,19 +80,24 @@ func TestSessionCloseReleasesAcrossShards(t *testing.T) {
 // An orphaned session keeps its locks until its TTL runs out: no keepalive
 // and no close, as after a crash. Then every lock of the session reports
 // ErrLeaseExpired, and the cluster hands the keys on. Its own TTL, not the
-// node's, decides when.
+// node's, decides when: the node's TTL is 40s, so a key freed within 30s
+// of the orphaning cannot have waited for it (a bound that fails a wrong
+// TTL, not a slow machine: the session's takes a few seconds).
 func TestSessionOrphanLetsTheTTLRunOut(t *testing.T) {
-	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 4, ttl: 10 * time.Second})
+	const nodeTTL = 40 * time.Second
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 4, ttl: nodeTTL, mutate: func(cfg *Config) {
+		cfg.LeaseMargin = time.Second // not a tenth of 40s: the session's TTL must exceed twice this
+	}})
 	n, other := peers[0].node, peers[1].node
 	a, b := keysOnShards(t, n)
-	const ttl = 3 * time.Second // above twice the LeaseMargin of a 10s node TTL
-	s, err := n.NewSession(ctxT(t, 5*time.Second), WithTTL(ttl))
+	const ttl = 3 * time.Second // above twice the node's LeaseMargin
+	s, err := n.NewSession(ctxT(t, 30*time.Second), WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var locks []*Lock
 	for _, k := range []string{a, b} {
-		l, err := s.Lock(ctxT(t, 10*time.Second), k)
+		l, err := s.Lock(ctxT(t, 30*time.Second), k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,13 +105,13 @@ func TestSessionOrphanLetsTheTTLRunOut(t *testing.T) {
 	}
 	orphaned := time.Now()
 	s.Orphan()
-	if _, err := other.TryLock(ctxT(t, 10*time.Second), a); !errors.Is(err, ErrLocked) {
+	if _, err := other.TryLock(ctxT(t, 30*time.Second), a); !errors.Is(err, ErrLocked) {
 		t.Fatalf("TryLock right after Orphan: %v, want ErrLocked", err)
 	}
 	select {
 	case <-s.Done():
-	case <-time.After(5 * ttl):
-		t.Fatal("an orphaned session's Done stayed open past its TTL")
+	case <-ctxT(t, 30*time.Second).Done():
+		t.Fatalf("an orphaned session's Done stayed open 30s, ten times its TTL")
 	}
 	for _, l := range locks {
 		if !errors.Is(l.Err(), ErrLeaseExpired) {
@@ -113,16 +119,17 @@ func TestSessionOrphanLetsTheTTLRunOut(t *testing.T) {
 		}
 	}
 	// The cluster frees the keys after the session's TTL (and a new
-	// leader's grace at most), before the node's 10s TTL.
+	// leader's grace at most), long before the node's TTL could.
+	freeBy, cancel := context.WithDeadline(context.Background(), orphaned.Add(3*nodeTTL/4))
+	defer cancel()
 	for _, k := range []string{a, b} {
-		l, err := other.Lock(ctxT(t, 9*time.Second), k)
+		l, err := other.Lock(freeBy, k)
 		if err != nil {
-			t.Fatalf("Lock %s after the orphaned session's TTL: %v (%v after Orphan)", k, err, time.Since(orphaned))
+			t.Fatalf("Lock %s after the orphaned session's TTL: %v (%v after Orphan): the node's TTL of %v decides, not the session's %v",
+				k, err, time.Since(orphaned).Round(time.Millisecond), nodeTTL, ttl)
 		}
-		if d := time.Since(orphaned); d >= 10*time.Second {
-			t.Fatalf("%s freed %v after Orphan: the node's TTL decided, not the session's", k, d)
-		}
-		_ = l.Unlock(ctxT(t, 10*time.Second))
+		t.Logf("%s freed %v after Orphan", k, time.Since(orphaned).Round(time.Millisecond))
+		_ = l.Unlock(ctxT(t, 30*time.Second))
 	}
 }
 

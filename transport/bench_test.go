@@ -2,7 +2,9 @@ package transport_test
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -53,4 +55,29 @@ func BenchmarkEncodeDecodeFrame(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkCallDeadlineOverrun reports how long a call whose handler never
+// answers runs past its context's deadline, in overrun-ms: the call must
+// end with its context, not with the response.
+func BenchmarkCallDeadlineOverrun(b *testing.B) {
+	bl := newBlocker()
+	s := listen(b, transport.Config{}, bl.handle)
+	c := newClient(b, transport.Config{})
+	var overrun time.Duration
+	n := 0
+	for b.Loop() {
+		deadline := time.Now().Add(20 * time.Millisecond)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		if _, err := c.Call(ctx, s.Addr(), 1, nil); !errors.Is(err, context.DeadlineExceeded) {
+			b.Fatalf("Call = %v, want context.DeadlineExceeded", err)
+		}
+		overrun += time.Since(deadline)
+		cancel()
+		n++
+		for len(bl.started) > 0 {
+			<-bl.started
+		}
+	}
+	b.ReportMetric(float64(overrun.Microseconds())/1000/float64(n), "overrun-ms")
 }
