@@ -104,7 +104,7 @@ func TestDeadWaiterKeepsKeyAtMostTTLPlusGrace(t *testing.T) {
 	}
 	took := time.Since(died)
 	n := peers[0].node
-	bound := ttl + n.leases.Grace() + 10*n.cfg.RTT + time.Second // + an election, + slack for a loaded machine
+	bound := ttl + n.leading.Grace() + 10*n.cfg.RTT + time.Second // + an election, + slack for a loaded machine
 	t.Logf("the dead waiter kept the key %v after its peer died (bound %v); next token %d after %d", took.Round(time.Millisecond), bound, l.Token(), deadToken)
 	if took > bound {
 		t.Fatalf("the dead waiter kept the key %v, more than TTL + grace + election (%v)", took, bound)

@@ -18,6 +18,7 @@ import (
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/leader"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -77,9 +78,10 @@ type Node struct {
 	// keepalive loop and the waiters grants are handed to.
 	client *client.Client
 
-	leases      leaseTable
-	notifyQ     chan notifyJob
-	notifySlots chan struct{} // a slot per grant notice being pushed
+	// leading is the leader side of sessions on the shards this peer
+	// leads: keepalives served, terms recorded, lapsed sessions expired,
+	// grant notices pushed.
+	leading *leader.Sessions
 
 	ctrl *cluster.Controller // acts only while this peer leads the meta shard
 }
@@ -105,16 +107,14 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	cfg.setDefaults()
 	installDragonboatLogger(cfg.Logger)
 	n := &Node{
-		cfg:         cfg,
-		hooks:       hooks,
-		log:         cfg.Logger.With("peer", cfg.Name),
-		stop:        make(chan struct{}),
-		ready:       make(chan struct{}),
-		notifyQ:     make(chan notifyJob, 4096),
-		notifySlots: make(chan struct{}, maxNotifyCalls),
+		cfg:   cfg,
+		hooks: hooks,
+		log:   cfg.Logger.With("peer", cfg.Name),
+		stop:  make(chan struct{}),
+		ready: make(chan struct{}),
 	}
 	n.client = newClient(n)
-	n.leases.init(n.cfg, n.hooks)
+	n.leading = newLeading(n)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(ctx); err != nil {
 		n.shutdown(false)
@@ -122,8 +122,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	}
 	n.goFunc(n.bootstrapLoop)
 	n.goFunc(n.keepAliveLoop)
-	n.goFunc(n.expiryLoop)
-	n.goFunc(n.notifyLoop)
+	n.goFunc(func() { n.leading.Run(n.ctx) })
 	n.ctrl = n.newController()
 	n.goFunc(func() { n.ctrl.Run(n.ctx) })
 	n.goFunc(n.placementLoop)
@@ -177,7 +176,7 @@ func (n *Node) open(ctx context.Context) error {
 		Transport: n.hooks.raftTransport,
 		Listener:  leaderListener{n},
 		Logger:    n.log,
-		OnStop:    n.leases.Drop,
+		OnStop:    n.leading.Drop,
 	}
 	if cfg.RaftTLS.enabled() {
 		hc.CAFile, hc.CertFile, hc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
@@ -425,7 +424,7 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 		create = func(uint64, uint64) sm.IStateMachine { return &metaSM{halt: halt} }
 	} else {
 		create = func(uint64, uint64) sm.IStateMachine {
-			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.onApplyGrants,
+			return &lockSM{shard: shard, state: lockfsm.New(), onGrant: n.leading.OnApplyGrants,
 				onApply: n.hooks.onApply, skipTermCheck: n.hooks.unsafeSkipExpiryTerm,
 				maxFormat: commandFormat(n.topLevel()), maxSnapshot: n.hooks.holdSnapshot,
 				snapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, halt: halt}
@@ -493,7 +492,7 @@ func (n *Node) localReplica(shard uint64) (uint64, bool) { return n.replicas.Loc
 type leaderListener struct{ n *Node }
 
 func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
-	l.n.leases.leaderUpdated(info, l.n.now())
+	l.n.leading.LeaderUpdated(info)
 	if p := l.n.placement.Load(); p != nil && info.LeaderID != 0 {
 		if pe, ok := p.PeerByReplica(info.LeaderID); ok {
 			l.n.setLeader(info.ShardID, pe.Name)

@@ -7,10 +7,10 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
+	"github.com/lockmesh/lockmesh/internal/leader"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
 	"github.com/lockmesh/lockmesh/internal/router"
-	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // maxBodySize caps every RPC body and placement record this package decodes.
@@ -20,8 +20,8 @@ const maxBodySize = msgcheck.MaxBody
 const (
 	methodPropose        uint8 = iota + 1 // router.ProposeRequest -> router.ProposeResponse
 	methodRead                            // readReq -> lockAnswer
-	methodKeepAlive                       // keepAliveReq -> keepAliveResp
-	methodNotify                          // notifyReq -> nothing
+	methodKeepAlive                       // router.KeepAliveRequest -> router.KeepAliveResponse
+	methodNotify                          // leader.Notice -> nothing
 	methodPrepare                         // bootstrap phase one: encoded placement
 	methodCommit                          // bootstrap phase two: encoded placement
 	methodAbort                           // bootstrap abort: cluster id
@@ -64,21 +64,6 @@ type readReq struct {
 	Shard uint64    `msgpack:"s"`
 	Query lockQuery `msgpack:"q"`
 	Level uint8     `msgpack:"v,omitempty"`
-}
-
-type keepAliveReq struct {
-	Shard    uint64   `msgpack:"s"`
-	Sessions []uint64 `msgpack:"i"`
-}
-
-type keepAliveResp struct {
-	Expired []uint64 `msgpack:"x"` // sessions the leader does not know or is expiring
-	Leader  string   `msgpack:"l"` // set when the peer asked is not the leader: its guess, or "?"
-}
-
-type notifyReq struct {
-	Shard  uint64          `msgpack:"s"`
-	Grants []lockfsm.Grant `msgpack:"g"`
 }
 
 func encodeBody(v any) ([]byte, error) { return msgpack.Marshal(v) }
@@ -174,7 +159,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		}
 		return encodeBody(a)
 	case methodKeepAlive:
-		var req keepAliveReq
+		var req router.KeepAliveRequest
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
@@ -183,13 +168,13 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 				return nil, n.refused(err)
 			}
 		}
-		resp, err := n.serveKeepAlive(ctx, req)
+		resp, err := n.leading.ServeKeepAlive(ctx, req)
 		if err != nil {
 			return nil, err
 		}
 		return encodeBody(resp)
 	case methodNotify:
-		var req notifyReq
+		var req leader.Notice
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
@@ -198,7 +183,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 				return nil, n.refused(err)
 			}
 		}
-		n.onNotice(req)
+		n.leading.OnNotice(req)
 		return nil, nil
 	case methodGetPlacement:
 		return n.serveBootstrap(ctx, method, body)
