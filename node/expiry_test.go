@@ -182,7 +182,7 @@ func deadWaiter(tb testing.TB) (kept, bound time.Duration) {
 		tb.Fatalf("the next waiter: %v", g.err)
 	}
 	defer g.l.Unlock(ctx)
-	expired, ok := loggedFor(logs, "expiring session", info.Shard, dead.Session)
+	expired, ok := loggedFor(logs, "expiring session", info.Shard, dead.ShardSession)
 	if !ok {
 		tb.Fatalf("the next waiter was granted the key (token %d) but no leader expired the dead waiter's session %d", g.l.Token(), dead.Session)
 	}
@@ -193,5 +193,5 @@ func deadWaiter(tb testing.TB) (kept, bound time.Duration) {
 		tb.Fatalf("token %d not above the dead waiter's %d", g.l.Token(), dead.Token)
 	}
 	n := peers[0].node
-	return g.at.Sub(died), ttl + n.leases.Grace() + 10*n.cfg.RTT
+	return g.at.Sub(died), ttl + n.leading.Grace() + 10*n.cfg.RTT
 }

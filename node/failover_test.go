@@ -47,7 +47,7 @@ func (fc *faultCluster) leaderAge(shard uint64) (time.Duration, bool) {
 		if p.name != leader || n == nil || n.isClosed() {
 			continue
 		}
-		if since, ok := n.leases.LeaderSince(shard); ok {
+		if since, ok := n.leading.LeaderSince(shard); ok {
 			return n.now().Sub(since), true
 		}
 	}
@@ -128,7 +128,7 @@ func deadHolder(t *testing.T, fc *faultCluster, key string, holderLeads bool) (g
 	// leader still counts the holder's session from its election plus the
 	// grace, and the key is kept up to that much longer.
 	n := waiter.node()
-	settle := n.leases.Grace() + n.cfg.SessionTTL/4 + 5*n.cfg.RTT
+	settle := n.leading.Grace() + n.cfg.SessionTTL/4 + 5*n.cfg.RTT
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if time.Now().After(deadline) {

@@ -117,7 +117,7 @@ func newVictimScene(t *testing.T, peers []*testPeer, key string) *victimScene {
 		t.Fatalf("inspect %q: %+v, %v", key, info, err)
 	}
 	h := info.Holders[0]
-	s.holder = lockfsm.Holder{Session: h.Session, Req: h.Request, Token: h.Token, Owner: h.Peer}
+	s.holder = lockfsm.Holder{Session: h.ShardSession, Req: h.Request, Token: h.Token, Owner: h.Peer}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() {
@@ -196,7 +196,7 @@ func (s *victimScene) sessionAttacks(a *attacker) map[string]error {
 		out[at("ExpireSession")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: v.Session, Term: recordedTerm(a.t, h, s.shard)})
 		out[at("LeaderTerm 2^62")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 1 << 62})
 		out[at("OpenSession with TTL 2^50 ms")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: a.name, TTLMillis: 1 << 50})
-		body, _ := encodeBody(keepAliveReq{Shard: s.shard, Sessions: []uint64{v.Session}})
+		body, _ := encodeBody(router.KeepAliveRequest{Shard: s.shard, Sessions: []uint64{v.Session}})
 		_, out[at("forged keepalive")] = a.call(h, methodKeepAlive, body)
 	}
 	return out

@@ -19,6 +19,7 @@ import (
 	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/dblog"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/leader"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
@@ -78,9 +79,10 @@ type Node struct {
 	// keepalive loop and the waiters grants are handed to.
 	client *client.Client
 
-	leases      leaseTable
-	notifyQ     chan notifyJob
-	notifySlots chan struct{} // a slot per grant notice being pushed
+	// leading is the leader side of sessions on the shards this peer
+	// leads: keepalives served, terms recorded, lapsed sessions expired,
+	// grant notices pushed.
+	leading *leader.Sessions
 
 	ctrl *cluster.Controller // acts only while this peer leads the meta shard
 }
@@ -106,16 +108,14 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	cfg.setDefaults()
 	dblog.Install(cfg.Logger)
 	n := &Node{
-		cfg:         cfg,
-		hooks:       hooks,
-		log:         cfg.Logger.With("peer", cfg.Name),
-		stop:        make(chan struct{}),
-		ready:       make(chan struct{}),
-		notifyQ:     make(chan notifyJob, 4096),
-		notifySlots: make(chan struct{}, maxNotifyCalls),
+		cfg:   cfg,
+		hooks: hooks,
+		log:   cfg.Logger.With("peer", cfg.Name),
+		stop:  make(chan struct{}),
+		ready: make(chan struct{}),
 	}
 	n.client = newClient(n)
-	n.leases.init(n.cfg, n.hooks)
+	n.leading = newLeading(n)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(ctx); err != nil {
 		n.shutdown(false)
@@ -123,8 +123,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	}
 	n.goFunc(n.bootstrapLoop)
 	n.goFunc(n.keepAliveLoop)
-	n.goFunc(n.expiryLoop)
-	n.goFunc(n.notifyLoop)
+	n.goFunc(func() { n.leading.Run(n.ctx) })
 	n.ctrl = n.newController()
 	n.goFunc(func() { n.ctrl.Run(n.ctx) })
 	n.goFunc(n.placementLoop)
@@ -178,7 +177,7 @@ func (n *Node) open(ctx context.Context) error {
 		Transport: n.hooks.raftTransport,
 		Listener:  leaderListener{n},
 		Logger:    n.log,
-		OnStop:    n.leases.Drop,
+		OnStop:    n.leading.Drop,
 	}
 	if cfg.RaftTLS.enabled() {
 		hc.CAFile, hc.CertFile, hc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
@@ -426,7 +425,7 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 		create = func(uint64, uint64) sm.IStateMachine { return replica.NewMeta(halt) }
 	} else {
 		create = func(uint64, uint64) sm.IStateMachine {
-			return replica.NewLock(replica.LockConfig{Shard: shard, OnGrant: n.onApplyGrants,
+			return replica.NewLock(replica.LockConfig{Shard: shard, OnGrant: n.leading.OnApplyGrants,
 				OnApply: n.hooks.onApply, SkipTermCheck: n.hooks.unsafeSkipExpiryTerm,
 				MaxFormat: commandFormat(n.topLevel()), MaxSnapshot: n.hooks.holdSnapshot,
 				SnapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, Halt: halt})
@@ -494,7 +493,7 @@ func (n *Node) localReplica(shard uint64) (uint64, bool) { return n.replicas.Loc
 type leaderListener struct{ n *Node }
 
 func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
-	l.n.leases.leaderUpdated(info, l.n.now())
+	l.n.leading.LeaderUpdated(info)
 	if p := l.n.placement.Load(); p != nil && info.LeaderID != 0 {
 		if pe, ok := p.PeerByReplica(info.LeaderID); ok {
 			l.n.setLeader(info.ShardID, pe.Name)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/client"
+	"github.com/lockmesh/lockmesh/internal/leader"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -58,7 +59,7 @@ func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
 	}
 	defer forger.Close()
 	const forgedToken = 999
-	body, err := encodeBody(notifyReq{Shard: shard, Grants: []lockfsm.Grant{{Key: key, Session: w.Session, Req: w.Req, Token: forgedToken, Owner: waiterNode.Name(), HandOff: true}}})
+	body, err := encodeBody(leader.Notice{Shard: shard, Grants: []lockfsm.Grant{{Key: key, Session: w.Session, Req: w.Req, Token: forgedToken, Owner: waiterNode.Name(), HandOff: true}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,9 +46,16 @@ func (h routerHost) ProposeLocal(ctx context.Context, shard uint64, data []byte)
 	return lockfsm.DecodeResults(r.Data)
 }
 
+// ServeKeepAlive serves a keepalive this peer sends to itself: no RPC,
+// and no authorization (the sessions are this peer's own).
+func (h routerHost) ServeKeepAlive(ctx context.Context, req router.KeepAliveRequest) (router.KeepAliveResponse, error) {
+	return h.n.leading.ServeKeepAlive(ctx, req)
+}
+
 // newRouter starts the router of n's commands.
 func (n *Node) newRouter() *router.Router {
-	return router.New(router.Config{Name: n.cfg.Name, RTT: n.cfg.RTT, Peers: n.peers, ProposeMethod: methodPropose}, routerHost{n})
+	return router.New(router.Config{Name: n.cfg.Name, RTT: n.cfg.RTT, Peers: n.peers,
+		ProposeMethod: methodPropose, KeepAliveMethod: methodKeepAlive}, routerHost{n})
 }
 
 // apply runs one command on its shard and returns its result, retrying
@@ -138,3 +145,8 @@ func (n *Node) callHost(ctx context.Context, shard uint64, method uint8, body []
 func (n *Node) setLeader(shard uint64, name string)    { n.router.SetLeader(shard, name) }
 func (n *Node) forgetLeader(shard uint64, name string) { n.router.ForgetLeader(shard, name) }
 func (n *Node) leader(shard uint64) string             { return n.router.Leader(shard) }
+
+// leaderGuess names the peer most likely leading shard: what dragonboat
+// says locally if this peer hosts a replica, else the last known leader,
+// else "".
+func (n *Node) leaderGuess(shard uint64) string { return n.router.LeaderGuess(shard) }

@@ -7,11 +7,11 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
+	"github.com/lockmesh/lockmesh/internal/leader"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
-	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // maxBodySize caps every RPC body and placement record this package decodes.
@@ -21,8 +21,8 @@ const maxBodySize = msgcheck.MaxBody
 const (
 	methodPropose        uint8 = iota + 1 // router.ProposeRequest -> router.ProposeResponse
 	methodRead                            // readReq -> replica.Answer
-	methodKeepAlive                       // keepAliveReq -> keepAliveResp
-	methodNotify                          // notifyReq -> nothing
+	methodKeepAlive                       // router.KeepAliveRequest -> router.KeepAliveResponse
+	methodNotify                          // leader.Notice -> nothing
 	methodPrepare                         // bootstrap phase one: encoded placement
 	methodCommit                          // bootstrap phase two: encoded placement
 	methodAbort                           // bootstrap abort: cluster id
@@ -65,21 +65,6 @@ type readReq struct {
 	Shard uint64        `msgpack:"s"`
 	Query replica.Query `msgpack:"q"`
 	Level uint8         `msgpack:"v,omitempty"`
-}
-
-type keepAliveReq struct {
-	Shard    uint64   `msgpack:"s"`
-	Sessions []uint64 `msgpack:"i"`
-}
-
-type keepAliveResp struct {
-	Expired []uint64 `msgpack:"x"` // sessions the leader does not know or is expiring
-	Leader  string   `msgpack:"l"` // set when the peer asked is not the leader: its guess, or "?"
-}
-
-type notifyReq struct {
-	Shard  uint64          `msgpack:"s"`
-	Grants []lockfsm.Grant `msgpack:"g"`
 }
 
 func encodeBody(v any) ([]byte, error) { return msgpack.Marshal(v) }
@@ -175,7 +160,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		}
 		return encodeBody(a)
 	case methodKeepAlive:
-		var req keepAliveReq
+		var req router.KeepAliveRequest
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
@@ -184,13 +169,13 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 				return nil, n.refused(err)
 			}
 		}
-		resp, err := n.serveKeepAlive(ctx, req)
+		resp, err := n.leading.ServeKeepAlive(ctx, req)
 		if err != nil {
 			return nil, err
 		}
 		return encodeBody(resp)
 	case methodNotify:
-		var req notifyReq
+		var req leader.Notice
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
@@ -199,7 +184,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 				return nil, n.refused(err)
 			}
 		}
-		n.onNotice(req)
+		n.leading.OnNotice(req)
 		return nil, nil
 	case methodGetPlacement:
 		return n.serveBootstrap(ctx, method, body)

@@ -153,12 +153,19 @@ func newClient(n *Node) *client.Client {
 		Log:         n.log,
 		Apply:       n.clientApply,
 		ReadAttempt: n.readAttempt,
-		KeepAlive:   n.keepAliveShard,
-		Go:          func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
-		Stop:        n.stop,
-		Labels:      n.labels,
+		// The router is made later, in open; keepalives start after it.
+		KeepAlive: func(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {
+			return n.router.KeepAlive(ctx, shard, ids)
+		},
+		Go:     func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
+		Stop:   n.stop,
+		Labels: n.labels,
 	})
 }
+
+// keepAliveLoop runs the client's keepalive loop (internal/client); the
+// router delivers each keepalive to its shard's leader.
+func (n *Node) keepAliveLoop() { n.client.RunKeepAlives(n.ctx) }
 
 // leaseClock is Config.clock with Go's timers: a deadline timer waits, in
 // real time, what the lease clock says is left, and re-checks on firing.

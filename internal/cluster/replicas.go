@@ -20,8 +20,8 @@ import (
 )
 
 // ElectionRTT is every replica's election timeout in RTTs. The leader-side
-// lease rules (node/leases.go) count a new leader's grace in election
-// timeouts of this length, read from here.
+// lease rules (internal/leader, over internal/lease) count a new leader's
+// grace in election timeouts of this length, read from here.
 const ElectionRTT = 10
 
 // removeDataTimeout bounds the deletion of a removed replica's data.

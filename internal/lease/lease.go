@@ -34,7 +34,7 @@
 // differ by less than the margin over one TTL.
 //
 // A Table makes the decisions and holds the state they need; it does no
-// I/O and reads no clock. The caller (package node) runs the Raft side:
+// I/O and reads no clock. The caller (internal/leader) runs the Raft side:
 // it reports leader changes, confirms leadership with ReadIndex (rule 1),
 // reads the shard's sessions and recorded term, proposes LeaderTerm and
 // ExpireSession, and passes in the times it read from its own clock, so

@@ -63,6 +63,10 @@ type Host interface {
 	// carries it, see transport.PeerFromContext) may propose cmds on
 	// shard; ServePropose refuses the whole proposal with its error.
 	Authorize(ctx context.Context, shard uint64, cmds []lockfsm.Command) error
+	// ServeKeepAlive serves a keepalive this peer sends to itself, as its
+	// KeepAliveMethod handler would: it leads the shard, or answers with
+	// its guess of who does.
+	ServeKeepAlive(ctx context.Context, req KeepAliveRequest) (KeepAliveResponse, error)
 }
 
 // Config is what the router is told at start.
@@ -75,6 +79,9 @@ type Config struct {
 	Peers Caller
 	// ProposeMethod is the RPC method a peer serves with ServePropose.
 	ProposeMethod uint8
+	// KeepAliveMethod is the RPC method a peer serves keepalives on
+	// (KeepAliveRequest -> KeepAliveResponse).
+	KeepAliveMethod uint8
 }
 
 // ProposeRequest is a batch forwarded to a peer hosting the shard, which

@@ -35,6 +35,8 @@ type fakeHost struct {
 	propose func(cmds []lockfsm.Command) ([]lockfsm.Result, error)
 	gate    chan struct{} // when set, local proposals wait for it to close
 	waiting int           // local proposals waiting at gate
+	// keepAlive, when set, serves keepalives this peer sends itself.
+	keepAlive func(ctx context.Context, req KeepAliveRequest) (KeepAliveResponse, error)
 }
 
 func (h *fakeHost) Placement() *layout.Placement { return h.p }
@@ -51,6 +53,12 @@ func (h *fakeHost) Authorize(_ context.Context, _ uint64, cmds []lockfsm.Command
 		}
 	}
 	return nil
+}
+func (h *fakeHost) ServeKeepAlive(ctx context.Context, req KeepAliveRequest) (KeepAliveResponse, error) {
+	if h.keepAlive == nil {
+		return KeepAliveResponse{}, errors.New("no local keepalives in this test")
+	}
+	return h.keepAlive(ctx, req)
 }
 func (h *fakeHost) LocalLeader(uint64) (uint64, bool) {
 	return h.leader, h.leader != 0

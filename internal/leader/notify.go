@@ -1,8 +1,10 @@
-package node
+package leader
 
 import (
 	"context"
 	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -19,6 +21,14 @@ import (
 // once is answered by its result). A waiter also re-reads its attempt at
 // a slow interval, so a lost notice delays a grant but never strands it.
 
+// Notice is a grant notice a shard's leader pushes to the peer owning the
+// granted sessions (Config.NotifyMethod). It is a hint: nothing in it is
+// trusted.
+type Notice struct {
+	Shard  uint64          `msgpack:"s"`
+	Grants []lockfsm.Grant `msgpack:"g"`
+}
+
 // notifyJob is a grant to push to the peer owning the session.
 type notifyJob struct {
 	owner string
@@ -26,22 +36,26 @@ type notifyJob struct {
 	grant lockfsm.Grant
 }
 
-// onApplyGrants is called by a lock shard's state machine, on dragonboat's
+// notifyQueue is how many grants wait to be pushed; a full queue drops
+// notices.
+const notifyQueue = 4096
+
+// OnApplyGrants is called by a lock shard's state machine, on dragonboat's
 // apply goroutine, for the hand-offs an entry made. It must not block:
 // grants for this peer's sessions wake their waiters, and the leader
 // queues notices for owners that host no replica of the shard. Replaying
 // the log after a restart calls it again; nobody waits for those attempts
 // any more, so nothing happens.
-func (n *Node) onApplyGrants(shard uint64, grants []lockfsm.Grant) {
-	leader := n.leases.IsLeader(shard)
-	p := n.placement.Load()
+func (s *Sessions) OnApplyGrants(shard uint64, grants []lockfsm.Grant) {
+	leader := s.leases.IsLeader(shard)
+	p := s.host.Placement()
 	for _, g := range grants {
 		switch {
-		case g.Owner == n.cfg.Name:
-			n.client.Waiters().Wake(client.WaiterKey{Shard: shard, Session: g.Session, Req: g.Req}, g.Token)
+		case g.Owner == s.cfg.Name:
+			s.cfg.Waiters.Wake(client.WaiterKey{Shard: shard, Session: g.Session, Req: g.Req}, g.Token)
 		case leader && (p == nil || !p.Hosts(shard, g.Owner)):
 			select {
-			case n.notifyQ <- notifyJob{owner: g.Owner, shard: shard, grant: g}:
+			case s.notifyQ <- notifyJob{owner: g.Owner, shard: shard, grant: g}:
 			default:
 				// A full queue drops the notice; the waiter's slow
 				// re-read still finds the grant.
@@ -50,12 +64,13 @@ func (n *Node) onApplyGrants(shard uint64, grants []lockfsm.Grant) {
 	}
 }
 
-// onNotice handles grant notices pushed by a shard leader: each wakes its
-// waiter to verify the grant. Nothing in a notice is trusted.
-func (n *Node) onNotice(req notifyReq) {
+// OnNotice handles a grant notice pushed by a shard leader, once node has
+// checked that its sender hosts the shard: each grant for this peer wakes
+// its waiter to verify the grant. Nothing in a notice is trusted.
+func (s *Sessions) OnNotice(req Notice) {
 	for _, g := range req.Grants {
-		if g.Owner == n.cfg.Name {
-			n.client.Waiters().Wake(client.WaiterKey{Shard: req.Shard, Session: g.Session, Req: g.Req}, client.Verify)
+		if g.Owner == s.cfg.Name {
+			s.cfg.Waiters.Wake(client.WaiterKey{Shard: req.Shard, Session: g.Session, Req: g.Req}, client.Verify)
 		}
 	}
 }
@@ -65,12 +80,12 @@ const maxNotifyCalls = 64
 
 // notifyLoop pushes queued grants to their owners, one batched call per
 // owner and shard, at most maxNotifyCalls at once.
-func (n *Node) notifyLoop() {
+func (s *Sessions) notifyLoop(ctx context.Context) {
 	for {
 		var first notifyJob
 		select {
-		case first = <-n.notifyQ:
-		case <-n.stop:
+		case first = <-s.notifyQ:
+		case <-ctx.Done():
 			return
 		}
 		type dest struct {
@@ -81,7 +96,7 @@ func (n *Node) notifyLoop() {
 	drain:
 		for {
 			select {
-			case j := <-n.notifyQ:
+			case j := <-s.notifyQ:
 				d := dest{j.owner, j.shard}
 				batch[d] = append(batch[d], j.grant)
 			default:
@@ -89,11 +104,11 @@ func (n *Node) notifyLoop() {
 			}
 		}
 		for d, grants := range batch {
-			addr, ok := n.rpcAddr(d.owner)
+			addr, ok := s.host.Addr(d.owner)
 			if !ok {
 				continue
 			}
-			body, err := encodeBody(notifyReq{Shard: d.shard, Grants: grants})
+			body, err := msgpack.Marshal(Notice{Shard: d.shard, Grants: grants})
 			if err != nil {
 				continue
 			}
@@ -101,16 +116,16 @@ func (n *Node) notifyLoop() {
 			// slot, the queue fills meanwhile, and a full queue drops
 			// notices (the waiters' re-read finds their grants).
 			select {
-			case n.notifySlots <- struct{}{}:
-			case <-n.stop:
+			case s.notifySlots <- struct{}{}:
+			case <-ctx.Done():
 				return
 			}
-			n.goFunc(func() {
-				defer func() { <-n.notifySlots }()
-				ctx, cancel := context.WithTimeout(n.ctx, time.Second)
+			s.goFunc(func() {
+				defer func() { <-s.notifySlots }()
+				ctx, cancel := context.WithTimeout(ctx, time.Second)
 				defer cancel()
-				if _, err := n.peers.Call(ctx, addr, methodNotify, body); err != nil {
-					n.log.Debug("grant notification lost", "owner", d.owner, "shard", d.shard, "err", err)
+				if _, err := s.host.Call(ctx, addr, s.cfg.NotifyMethod, body); err != nil {
+					s.log.Debug("grant notification lost", "owner", d.owner, "shard", d.shard, "err", err)
 				}
 			})
 		}
