@@ -118,7 +118,7 @@ func (n *Node) callPeer(ctx context.Context, m mesh.Member, method uint8, body [
 func (n *Node) serveBootstrap(ctx context.Context, method uint8, body []byte) ([]byte, error) {
 	switch method {
 	case methodGetPlacement:
-		return n.currentPlacement(ctx, bytes.Equal(body, getPlacementLinearizable))
+		return n.currentPlacement(ctx, bytes.Equal(body, cluster.GetPlacementLinearizable))
 	case methodAbort:
 		if len(body) != 8 {
 			return nil, errors.New("abort: bad cluster id")
@@ -263,17 +263,10 @@ func (n *Node) publishPlacement(p *layout.Placement) {
 	}
 }
 
-// currentPlacement answers GetPlacement: the meta shard's copy when this
-// peer hosts it, else the local record.
-// getPlacementLinearizable is the body of a methodGetPlacement call that
-// wants the layout read linearizably from the meta shard or an error, never
-// the answering peer's own copy. A call without it (a joining peer looking
-// for the cluster) takes the copy.
-var getPlacementLinearizable = []byte{1}
-
 // currentPlacement answers methodGetPlacement: the layout read through this
-// peer's meta replica if it has one, else (unless linearizable) this peer's
-// own copy, which may be behind.
+// peer's meta replica if it has one, else (unless linearizable: the body
+// is cluster.GetPlacementLinearizable) this peer's own copy, which may be
+// behind.
 //
 // A copy must not pass for a read: two peers whose meta replicas were both
 // removed while they were cut off would each ask the other and adopt
@@ -284,7 +277,7 @@ func (n *Node) currentPlacement(ctx context.Context, linearizable bool) ([]byte,
 		return nil, rpcError(codeNoCluster, "peer %s is not in a cluster yet", n.cfg.Name)
 	}
 	if n.hostsShard(metaShardID) {
-		q, err := n.readLocalPlacement(ctx)
+		q, err := n.membership.ReadLocalPlacement(ctx)
 		if err == nil {
 			return layout.Encode(q)
 		}

@@ -18,7 +18,6 @@ import (
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
-	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -81,7 +80,10 @@ type Node struct {
 	notifyQ     chan notifyJob
 	notifySlots chan struct{} // a slot per grant notice being pushed
 
-	ctrl *cluster.Controller // acts only while this peer leads the meta shard
+	// membership serves and makes the membership RPCs, keeps placement
+	// current (its placement loop) and carries out Leave.
+	membership *cluster.Service
+	ctrl       *cluster.Controller // acts only while this peer leads the meta shard
 }
 
 // Start starts a peer: it listens on the configured addresses, joins the
@@ -126,7 +128,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	n.goFunc(n.notifyLoop)
 	n.ctrl = n.newController()
 	n.goFunc(func() { n.ctrl.Run(n.ctx) })
-	n.goFunc(n.placementLoop)
+	n.goFunc(func() { n.membership.RunPlacement(n.ctx) })
 	n.goFunc(n.knownPeersLoop)
 	return n, nil
 }
@@ -189,6 +191,7 @@ func (n *Node) open(ctx context.Context) error {
 		return err
 	}
 	n.nh = n.replicas.NodeHost()
+	n.membership = n.newMembership()
 	meta := n.baseMeta()
 	if p, err := n.loadRecord(); err != nil {
 		return err
@@ -408,7 +411,7 @@ func (n *Node) adopt(p *layout.Placement) error {
 			}
 		}
 	}
-	n.noteShortfall(nil, p)
+	cluster.NoteShortfall(n.log, nil, p)
 	n.placement.Store(p)
 	close(n.ready)
 	n.log.Info("cluster layout adopted", "cluster", p.ClusterID, "shards", p.Shards, "peers", len(p.Peers))
@@ -433,10 +436,6 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 	}
 	return n.replicas.Start(p, shard, r, create)
 }
-
-// stopReplica stops this peer's replica of shard and deletes its data:
-// the shard no longer lists it, and the id is never used again.
-func (n *Node) stopReplica(shard uint64) { n.replicas.Remove(n.ctx, shard) }
 
 // haltReplica stops the replica whose state machine fail-stopped at an
 // entry it cannot read, keeping its data: the log still holds the entry,
@@ -551,5 +550,3 @@ func isLoopback(addr string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
-
-var errNotReady = lockerr.NotReady
