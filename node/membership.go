@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,9 +11,9 @@ import (
 	"github.com/lockmesh/lockmesh/internal/layout"
 )
 
-// The membership RPCs (both sides), the placement loop that keeps this
-// peer's copy of the layout current, and the body of Leave are
-// internal/cluster's Service; the layout controller is its Controller,
+// Bootstrap's loop and RPCs, the membership RPCs (both sides), the
+// placement loop that keeps this peer's copy of the layout current, and
+// the body of Leave are internal/cluster's Service; the layout controller is its Controller,
 // acting through the Service. What stays here is what they reach of the
 // peer: its RPCs, its state machines and its records (membershipHost).
 
@@ -22,6 +23,9 @@ func (n *Node) newMembership() *cluster.Service {
 	return cluster.NewService(membershipHost{n}, cluster.ServiceConfig{
 		Name: n.cfg.Name,
 		Methods: cluster.Methods{
+			Prepare:        methodPrepare,
+			Commit:         methodCommit,
+			Abort:          methodAbort,
 			GetPlacement:   methodGetPlacement,
 			Status:         methodStatus,
 			ConfigChange:   methodConfigChange,
@@ -36,10 +40,19 @@ func (n *Node) newMembership() *cluster.Service {
 		Dial:          n.hooks.rpcDial,
 		UnsafeNoAuthz: n.authzOff(),
 		Logger:        n.log,
-		Mesh:          n.mesh,
-		Replicas:      n.replicas,
-		Router:        n.router,
-		Placement:     &n.placement,
+
+		BootstrapExpect:   n.cfg.BootstrapExpect,
+		Shards:            n.cfg.Shards,
+		ReplicationFactor: n.cfg.ReplicationFactor,
+		BootstrapInterval: max(4*n.cfg.RTT, 100*time.Millisecond),
+		Now:               n.now,
+
+		Mesh:      n.mesh,
+		Replicas:  n.replicas,
+		Router:    n.router,
+		Peers:     n.peers,
+		Placement: &n.placement,
+		Adopting:  &n.adopting,
 	})
 }
 
@@ -100,6 +113,29 @@ func (h membershipHost) RefuseLayout(ie *layout.IdentityError) { h.n.refuseLayou
 func (h membershipHost) StartReplica(p *layout.Placement, shard uint64, r layout.Replica) error {
 	return h.n.startReplica(p, shard, r)
 }
+
+// Adopt adopts the layout bootstrap agreed on or fetched and gossips its
+// cluster id; an identity refusal is recorded for waitReady, and cleared
+// by an adoption.
+func (h membershipHost) Adopt(p *layout.Placement) error {
+	n := h.n
+	if err := n.adopt(p); err != nil {
+		var ie *layout.IdentityError
+		if errors.As(err, &ie) {
+			n.refuseLayout(ie)
+		}
+		return err
+	}
+	n.refusal.Store(nil)
+	meta := n.localMeta()
+	meta.Cluster = p.ClusterID
+	if err := n.mesh.SetMeta(meta); err != nil {
+		n.log.Warn("gossip cluster id", "err", err)
+	}
+	return nil
+}
+
+func (h membershipHost) Go(f func(ctx context.Context)) { h.n.goFunc(func() { f(h.n.ctx) }) }
 
 // callPeerName calls the named peer, or serves the call here.
 func (n *Node) callPeerName(ctx context.Context, name string, method uint8, body []byte) ([]byte, error) {

@@ -49,17 +49,12 @@ type Node struct {
 	ready     chan struct{} // closed once the placement is known and local replicas run
 	placement atomic.Pointer[layout.Placement]
 
-	bootMu sync.Mutex
-	// promises is the bootstrap plan this peer agreed to, not yet
-	// committed. Guarded by bootMu, with the check that placement is nil.
-	promises cluster.Promises
-
 	// knownIPs are the IPs of the gossip members' RPC addresses, as
 	// knownPeersLoop last saw them (the RPC server's Known).
 	knownIPs atomic.Pointer[map[string]bool]
 	// adopting is the layout this peer expects before placement is set:
-	// the bootstrap plan it promised, then the layout adopt is starting
-	// replicas for (raftMember reads it).
+	// the bootstrap plan it promised (membership stores it), then the
+	// layout adopt is starting replicas for (raftMember reads it).
 	adopting atomic.Pointer[layout.Placement]
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
@@ -80,8 +75,9 @@ type Node struct {
 	notifyQ     chan notifyJob
 	notifySlots chan struct{} // a slot per grant notice being pushed
 
-	// membership serves and makes the membership RPCs, keeps placement
-	// current (its placement loop) and carries out Leave.
+	// membership forms or joins the cluster (bootstrap), serves and makes
+	// the membership RPCs, keeps placement current (its placement loop)
+	// and carries out Leave.
 	membership *cluster.Service
 	ctrl       *cluster.Controller // acts only while this peer leads the meta shard
 }
@@ -122,7 +118,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		n.shutdown(false)
 		return nil, err
 	}
-	n.goFunc(n.bootstrapLoop)
+	n.goFunc(func() { n.membership.RunBootstrap(n.ctx, n.ready) })
 	n.goFunc(n.keepAliveLoop)
 	n.goFunc(n.expiryLoop)
 	n.goFunc(n.notifyLoop)

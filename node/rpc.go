@@ -16,8 +16,8 @@ import (
 // maxBodySize caps every RPC body and placement record this package decodes.
 const maxBodySize = msgcheck.MaxBody
 
-// RPC methods on lockmesh's transport. The membership methods
-// (methodStatus to methodMembership) are served and made by
+// RPC methods on lockmesh's transport. The bootstrap and membership
+// methods (methodPrepare to methodMembership) are served and made by
 // internal/cluster's Service (see newMembership).
 const (
 	methodPropose        uint8 = iota + 1 // router.ProposeRequest -> router.ProposeResponse
@@ -139,8 +139,8 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 	switch method {
 	case methodPrepare, methodCommit, methodAbort:
 		// Founders that may not be members of anything yet: the plan
-		// says who may call (serveBootstrap).
-		return n.serveBootstrap(ctx, method, body)
+		// says who may call (cluster.Service.ServeBootstrap).
+		return n.membership.ServeBootstrap(ctx, method, body)
 	}
 	if err := n.checkKnown(caller); err != nil {
 		return nil, err
@@ -201,7 +201,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		n.onNotice(req)
 		return nil, nil
 	case methodGetPlacement:
-		return n.serveBootstrap(ctx, method, body)
+		return n.membership.ServeBootstrap(ctx, method, body)
 	case methodStatus, methodConfigChange, methodTransferLeader, methodCaughtUp, methodSetPlacement, methodMembership:
 		return n.membership.Serve(ctx, method, body)
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,8 +26,9 @@ import (
 
 // Local is what a Service needs of the peer it runs on that this package
 // does not own: its RPCs, the caller of a request and the form of a
-// refusal, the state machines behind the shards, and the records and
-// checks that go with a new layout. Package node implements it. Its
+// refusal, the state machines behind the shards, the records and checks
+// that go with a new layout, adopting the first one, and its goroutines.
+// Package node implements it. Its
 // methods are called from the RPC handlers, the placement loop, the
 // controller and Leave, several at once.
 type Local interface {
@@ -61,12 +63,25 @@ type Local interface {
 	// StartReplica starts this peer's replica r of shard, with the state
 	// machine of the shard.
 	StartReplica(p *layout.Placement, shard uint64, r layout.Replica) error
+	// Adopt makes p, the layout bootstrap agreed on or fetched, this
+	// peer's first: it records it, starts the replicas p places here,
+	// opens lock calls and gossips the cluster id. It refuses (and
+	// records why) a layout that lists this peer's name under another
+	// NodeHostID. Called once, under the bootstrap lock.
+	Adopt(p *layout.Placement) error
+	// Go runs f on a goroutine the peer waits for at Close, with a
+	// context that ends when the peer closes.
+	Go(f func(ctx context.Context))
 }
 
 // Methods are the RPC method numbers a Service's requests travel under.
 // Package node owns the table of methods (node/rpc.go) and dispatches
-// these to Serve, apart from GetPlacement, which bootstrap serves.
+// these to Serve, apart from Prepare, Commit, Abort and GetPlacement,
+// which ServeBootstrap answers.
 type Methods struct {
+	Prepare        uint8 // bootstrap phase one: encoded plan
+	Commit         uint8 // bootstrap phase two: encoded plan
+	Abort          uint8 // bootstrap abort: cluster id
 	GetPlacement   uint8 // GetPlacementLinearizable or nothing -> encoded layout
 	Status         uint8 // -> PeerStatus
 	ConfigChange   uint8 // MembershipChange
@@ -98,19 +113,37 @@ type ServiceConfig struct {
 	UnsafeNoAuthz bool
 	Logger        *slog.Logger // nil discards
 
-	Mesh     *mesh.Mesh     // gossip: the members the controller sees
+	// Bootstrap: with BootstrapExpect founders (0: only join), lay out
+	// Shards lock shards with ReplicationFactor replicas each; try every
+	// BootstrapInterval; time promises by Now.
+	BootstrapExpect   int
+	Shards            int
+	ReplicationFactor int
+	BootstrapInterval time.Duration
+	Now               func() time.Time
+
+	Mesh     *mesh.Mesh     // gossip: the members the controller and bootstrap see
 	Replicas *Replicas      // the replicas this peer runs
 	Router   *router.Router // tries a shard's hosts; its leader cache, backoff and proposal timeout
+	// Peers calls a peer at its RPC address (bootstrap calls founders
+	// that may be in no layout yet).
+	Peers router.Caller
 	// Placement is this peer's copy of the layout, shared with node: the
 	// placement loop replaces it with each newer layout it adopts.
 	Placement *atomic.Pointer[layout.Placement]
+	// Adopting is the layout this peer expects before Placement is set,
+	// shared with node (its Raft transport's check of peers reads it):
+	// the plan it promised, then the layout it is adopting.
+	Adopting *atomic.Pointer[layout.Placement]
 }
 
-// Service is one peer's part in its cluster's membership: it answers the
-// membership RPCs of the controller and of leaving peers (Serve), makes
-// them (it is the controller's Host), keeps this peer's copy of the layout
-// current and its replicas in line with it (RunPlacement), and moves the
-// peer out of the cluster (Leave).
+// Service is one peer's part in its cluster's membership: it forms a
+// cluster with other founders or adopts a running one's layout
+// (RunBootstrap, ServeBootstrap), answers the membership RPCs of the
+// controller and of leaving peers (Serve), makes them (it is the
+// controller's Host), keeps this peer's copy of the layout current and its
+// replicas in line with it (RunPlacement), and moves the peer out of the
+// cluster (Leave).
 type Service struct {
 	local     Local
 	cfg       ServiceConfig
@@ -120,16 +153,25 @@ type Service struct {
 	nh        *dragonboat.NodeHost
 	router    *router.Router
 	placement *atomic.Pointer[layout.Placement]
+	adopting  *atomic.Pointer[layout.Placement]
+
+	bootMu sync.Mutex
+	// promises is the bootstrap plan this peer agreed to, not yet
+	// committed. Guarded by bootMu, with the check that placement is nil.
+	promises Promises
 }
 
 var _ Host = (*Service)(nil)
 
 // NewService returns the membership service of the peer local. It does
-// nothing on its own until RunPlacement.
+// nothing on its own until RunBootstrap and RunPlacement.
 func NewService(local Local, cfg ServiceConfig) *Service {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	return &Service{
 		local:     local,
@@ -140,6 +182,7 @@ func NewService(local Local, cfg ServiceConfig) *Service {
 		nh:        cfg.Replicas.NodeHost(),
 		router:    cfg.Router,
 		placement: cfg.Placement,
+		adopting:  cfg.Adopting,
 	}
 }
 
@@ -189,7 +232,8 @@ func (s *Service) callWith(ctx context.Context, name string, method uint8, req a
 }
 
 // Serve answers the controller's and leaving peers' requests: the
-// methods of Methods but GetPlacement. Node has checked that the caller
+// membership methods of Methods (Status to Membership; ServeBootstrap
+// answers the others). Node has checked that the caller
 // is a known peer; the rules for each method are applied here.
 func (s *Service) Serve(ctx context.Context, method uint8, body []byte) ([]byte, error) {
 	ms := s.cfg.Methods
