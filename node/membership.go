@@ -13,12 +13,14 @@ import (
 
 // Bootstrap's loop and RPCs, the membership RPCs (both sides), the
 // placement loop that keeps this peer's copy of the layout current, and
-// the body of Leave are internal/cluster's Service; the layout controller is its Controller,
-// acting through the Service. What stays here is what they reach of the
-// peer: its RPCs, its state machines and its records (membershipHost).
+// the body of Leave are internal/cluster's Service; the layout controller
+// is its Controller, acting through the Service. What stays here is what
+// they reach of the peer: its RPCs, its state machines, its records and
+// adopt (membershipHost).
 
 // newMembership builds this peer's membership service (internal/cluster)
-// over its gossip, replicas and router; start runs its placement loop.
+// over its gossip, replicas and router; start runs its bootstrap and
+// placement loops.
 func (n *Node) newMembership() *cluster.Service {
 	return cluster.NewService(membershipHost{n}, cluster.ServiceConfig{
 		Name: n.cfg.Name,
