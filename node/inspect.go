@@ -201,7 +201,7 @@ func (n *Node) askLeaders(ctx context.Context, p *layout.Placement) map[uint64]s
 				continue
 			}
 			asked[host] = true
-			st, err := n.peerStatus(ctx, host)
+			st, err := n.membership.Status(ctx, host)
 			if err != nil {
 				continue
 			}

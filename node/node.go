@@ -20,7 +20,6 @@ import (
 	"github.com/lockmesh/lockmesh/internal/dblog"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/leader"
-	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -52,17 +51,12 @@ type Node struct {
 	ready     chan struct{} // closed once the placement is known and local replicas run
 	placement atomic.Pointer[layout.Placement]
 
-	bootMu sync.Mutex
-	// promises is the bootstrap plan this peer agreed to, not yet
-	// committed. Guarded by bootMu, with the check that placement is nil.
-	promises cluster.Promises
-
 	// knownIPs are the IPs of the gossip members' RPC addresses, as
 	// knownPeersLoop last saw them (the RPC server's Known).
 	knownIPs atomic.Pointer[map[string]bool]
 	// adopting is the layout this peer expects before placement is set:
-	// the bootstrap plan it promised, then the layout adopt is starting
-	// replicas for (raftMember reads it).
+	// the bootstrap plan it promised (membership stores it), then the
+	// layout adopt is starting replicas for (raftMember reads it).
 	adopting atomic.Pointer[layout.Placement]
 	// refusal is why this peer does not adopt the cluster's layout: it lists
 	// this peer's name under another NodeHostID. Nil when there is none.
@@ -84,7 +78,11 @@ type Node struct {
 	// grant notices pushed.
 	leading *leader.Sessions
 
-	ctrl *cluster.Controller // acts only while this peer leads the meta shard
+	// membership forms or joins the cluster (bootstrap), serves and makes
+	// the membership RPCs, keeps placement current (its placement loop)
+	// and carries out Leave.
+	membership *cluster.Service
+	ctrl       *cluster.Controller // acts only while this peer leads the meta shard
 }
 
 // Start starts a peer: it listens on the configured addresses, joins the
@@ -121,12 +119,12 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		n.shutdown(false)
 		return nil, err
 	}
-	n.goFunc(n.bootstrapLoop)
+	n.goFunc(func() { n.membership.RunBootstrap(n.ctx, n.ready) })
 	n.goFunc(n.keepAliveLoop)
 	n.goFunc(func() { n.leading.Run(n.ctx) })
 	n.ctrl = n.newController()
 	n.goFunc(func() { n.ctrl.Run(n.ctx) })
-	n.goFunc(n.placementLoop)
+	n.goFunc(func() { n.membership.RunPlacement(n.ctx) })
 	n.goFunc(n.knownPeersLoop)
 	return n, nil
 }
@@ -189,6 +187,7 @@ func (n *Node) open(ctx context.Context) error {
 		return err
 	}
 	n.nh = n.replicas.NodeHost()
+	n.membership = n.newMembership()
 	meta := n.baseMeta()
 	if p, err := n.loadRecord(); err != nil {
 		return err
@@ -408,7 +407,7 @@ func (n *Node) adopt(p *layout.Placement) error {
 			}
 		}
 	}
-	n.noteShortfall(nil, p)
+	cluster.NoteShortfall(n.log, nil, p)
 	n.placement.Store(p)
 	close(n.ready)
 	n.log.Info("cluster layout adopted", "cluster", p.ClusterID, "shards", p.Shards, "peers", len(p.Peers))
@@ -433,10 +432,6 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 	}
 	return n.replicas.Start(p, shard, r, create)
 }
-
-// stopReplica stops this peer's replica of shard and deletes its data:
-// the shard no longer lists it, and the id is never used again.
-func (n *Node) stopReplica(shard uint64) { n.replicas.Remove(n.ctx, shard) }
 
 // haltReplica stops the replica whose state machine fail-stopped at an
 // entry it cannot read, keeping its data: the log still holds the entry,
@@ -551,5 +546,3 @@ func isLoopback(addr string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
-
-var errNotReady = lockerr.NotReady

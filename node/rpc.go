@@ -17,7 +17,9 @@ import (
 // maxBodySize caps every RPC body and placement record this package decodes.
 const maxBodySize = msgcheck.MaxBody
 
-// RPC methods on lockmesh's transport.
+// RPC methods on lockmesh's transport. The bootstrap and membership
+// methods (methodPrepare to methodMembership) are served and made by
+// internal/cluster's Service (see newMembership).
 const (
 	methodPropose        uint8 = iota + 1 // router.ProposeRequest -> router.ProposeResponse
 	methodRead                            // readReq -> replica.Answer
@@ -26,13 +28,13 @@ const (
 	methodPrepare                         // bootstrap phase one: encoded placement
 	methodCommit                          // bootstrap phase two: encoded placement
 	methodAbort                           // bootstrap abort: cluster id
-	methodGetPlacement                    // getPlacementLinearizable or nothing -> encoded placement
-	methodStatus                          // -> statusResp
-	methodConfigChange                    // configChangeReq
-	methodTransferLeader                  // transferReq
-	methodCaughtUp                        // shardReq: answers once the local replica serves reads
+	methodGetPlacement                    // cluster.GetPlacementLinearizable or nothing -> encoded placement
+	methodStatus                          // -> cluster.PeerStatus
+	methodConfigChange                    // cluster.MembershipChange
+	methodTransferLeader                  // cluster.TransferRequest
+	methodCaughtUp                        // cluster.ShardRequest: answers once the local replica serves reads
 	methodSetPlacement                    // encoded placement, proposed to the meta shard
-	methodMembership                      // shardReq -> membershipResp: the shard's Raft membership
+	methodMembership                      // cluster.ShardRequest -> cluster.Membership: the shard's Raft membership
 )
 
 // Application error codes carried in transport.Error (see internal/lockerr).
@@ -114,8 +116,6 @@ func rpcError(code uint16, format string, args ...any) error {
 	return lockerr.RPC(code, format, args...)
 }
 
-func errCode(err error) uint16 { return lockerr.Code(err) }
-
 // handle serves lockmesh's transport. Each call runs on its own goroutine.
 func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, error) {
 	if n.isClosed() {
@@ -125,8 +125,8 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 	switch method {
 	case methodPrepare, methodCommit, methodAbort:
 		// Founders that may not be members of anything yet: the plan
-		// says who may call (serveBootstrap).
-		return n.serveBootstrap(ctx, method, body)
+		// says who may call (cluster.Service.ServeBootstrap).
+		return n.membership.ServeBootstrap(ctx, method, body)
 	}
 	if err := n.checkKnown(caller); err != nil {
 		return nil, err
@@ -187,9 +187,9 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		n.leading.OnNotice(req)
 		return nil, nil
 	case methodGetPlacement:
-		return n.serveBootstrap(ctx, method, body)
+		return n.membership.ServeBootstrap(ctx, method, body)
 	case methodStatus, methodConfigChange, methodTransferLeader, methodCaughtUp, methodSetPlacement, methodMembership:
-		return n.serveMembership(ctx, method, body)
+		return n.membership.Serve(ctx, method, body)
 	}
 	return nil, fmt.Errorf("unknown method %d", method)
 }

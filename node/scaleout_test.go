@@ -260,7 +260,7 @@ func TestLayoutFollowsRaftMembership(t *testing.T) {
 	t.Logf("removed replica %d (%s) of shard %d from Raft, not from the layout", victim.ID, victim.Peer, shard)
 	for {
 		p, perr := peers[0].node.readMetaPlacement(ctx)
-		m, merr := peers[0].node.membership(ctx, shard)
+		m, merr := peers[0].node.membership.Membership(ctx, shard)
 		if perr == nil && merr == nil {
 			r, listed := p.Replica(shard, victim.Peer)
 			stale := listed && r.ID == victim.ID

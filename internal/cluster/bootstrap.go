@@ -15,8 +15,8 @@ import (
 // With BootstrapExpect N, peers gossip until they see N alive peers that
 // belong to no cluster; then the first of them by name coordinates a
 // two-phase agreement over a plan that lays out the shards over the N
-// founders. The rules, each pure code here (package node runs the loop and
-// the RPCs):
+// founders. The rules, each pure code here (Service runs the loop and the
+// RPCs, forming.go):
 //
 //  1. Formation ([Decide]). Only members that are alive and gossip a
 //     NodeHostID and an RPC address count. A peer that sees another member

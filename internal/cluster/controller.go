@@ -15,8 +15,8 @@ import (
 )
 
 // Host is what the controller needs from its peer: the layout in the meta
-// shard, the gossip members, and calls to other peers. Package node
-// implements it over its RPCs. Every method is called from the
+// shard, the gossip members, and calls to other peers. The peer's Service
+// implements it over the membership RPCs. Every method is called from the
 // controller's loop or from its replica moves, several at once, and may
 // block until its ctx ends.
 type Host interface {
@@ -64,27 +64,32 @@ type Host interface {
 	Backoff(ctx context.Context, attempt int) error
 }
 
-// PeerStatus is what a peer says of the replicas it runs.
+// PeerStatus is what a peer says of the replicas it runs. It is also the
+// answer to Methods.Status on the wire.
 type PeerStatus struct {
-	Replicas map[uint64]uint64 // shard -> the peer's replica id
-	Leaders  map[uint64]uint64 // shard -> leader replica id, as the peer sees it
-	Leading  []uint64          // shards the peer leads
-	Level    uint8             // newest feature level it speaks; 0 reads as 1
+	Replicas map[uint64]uint64 `msgpack:"r"` // shard -> the peer's replica id
+	Leaders  map[uint64]uint64 `msgpack:"l"` // shard -> leader replica id, as the peer sees it
+	Leading  []uint64          `msgpack:"x"` // shards the peer leads
+	// Level is the newest feature level the peer speaks; 0 from releases
+	// before levels, which speak only level 1.
+	Level uint8 `msgpack:"v,omitempty"`
 }
 
 // MembershipChange adds (Add) or removes replica Replica of Shard; an
-// added replica runs on the NodeHost NodeHostID.
+// added replica runs on the NodeHost NodeHostID. It is also the request
+// of Methods.ConfigChange on the wire.
 type MembershipChange struct {
-	Shard      uint64
-	Add        bool
-	Replica    uint64
-	NodeHostID string
+	Shard      uint64 `msgpack:"s"`
+	Add        bool   `msgpack:"a"`
+	Replica    uint64 `msgpack:"r"`
+	NodeHostID string `msgpack:"h"`
 }
 
-// Membership is a shard's Raft membership.
+// Membership is a shard's Raft membership, read linearizably. It is also
+// the answer to Methods.Membership on the wire.
 type Membership struct {
-	Members []uint64 // voting replica ids
-	Removed []uint64 // ids removed from the shard, never to return
+	Members []uint64 `msgpack:"m"` // voting replica ids
+	Removed []uint64 `msgpack:"r"` // ids removed from the shard, never to return
 }
 
 // ErrReplicaRemoved says a replica id cannot be added to its shard: it was
