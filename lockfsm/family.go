@@ -444,3 +444,26 @@ func (s *State) cycle(session uint64, keys []*lockKey) string {
 	slices.Reverse(steps)
 	return strings.Join(steps, "; ")
 }
+
+// Units splits a batch into what must stay together: each command on its
+// own, but the commands of a group (Command.Group) as one unit, as
+// acquireGroup will read them. A router that re-batches forwarded
+// commands keeps each unit whole and in order.
+func Units(cmds []Command) [][]Command {
+	var units [][]Command
+	for i := 0; i < len(cmds); {
+		n := 1
+		if c := &cmds[i]; c.Op == OpAcquire && c.Group > 1 {
+			for n < int(c.Group) && i+n < len(cmds) {
+				m := &cmds[i+n]
+				if m.Op != OpAcquire || m.Session != c.Session || m.Group != c.Group || m.Req != c.Req+uint64(n) {
+					break
+				}
+				n++
+			}
+		}
+		units = append(units, cmds[i:i+n:i+n])
+		i += n
+	}
+	return units
+}

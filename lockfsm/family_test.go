@@ -355,3 +355,17 @@ func TestBrokenFamilyRulesAreCaught(t *testing.T) {
 		})
 	}
 }
+
+func TestUnits(t *testing.T) {
+	single := acq(A, 1, "a", true)
+	g3 := group(acq(A, 2, "x", true), acq(A, 3, "y", true), acq(A, 4, "z", true))
+	short := group(acq(B, 1, "x", true), acq(B, 2, "y", true), acq(B, 3, "z", true))[:2] // its third is missing
+	cmds := append(append(append([]Command{single}, g3...), short...), rel(A, 1))
+	var sizes []int
+	for _, u := range Units(cmds) {
+		sizes = append(sizes, len(u))
+	}
+	if want := []int{1, 3, 2, 1}; !reflect.DeepEqual(sizes, want) {
+		t.Fatalf("Units sizes %v, want %v", sizes, want)
+	}
+}

@@ -64,10 +64,10 @@ func (r *Router) goFunc(f func()) {
 	}()
 }
 
-// enqueue queues cmd, waiting while the queue is full until ctx ends or
-// the router closes.
-func (b *batcher) enqueue(ctx context.Context, cmd lockfsm.Command) (*RequestState, error) {
-	rs := &RequestState{cmd: cmd, c: make(chan Outcome, 1)}
+// enqueue queues cmds, one command or a group that stays together,
+// waiting while the queue is full until ctx ends or the router closes.
+func (b *batcher) enqueue(ctx context.Context, cmds []lockfsm.Command) (*RequestState, error) {
+	rs := &RequestState{cmds: cmds, c: make(chan Outcome, 1)}
 	select {
 	case b.in <- rs:
 		return rs, nil
@@ -88,20 +88,30 @@ func (b *batcher) run() {
 		n = maxInflightLocal
 	}
 	slots := make(chan struct{}, n)
+	var carried *RequestState // did not fit the last batch
 	for {
-		var first *RequestState
-		select {
-		case first = <-b.in:
-		case <-b.r.stop:
-			b.failQueued()
-			return
+		first := carried
+		carried = nil
+		if first == nil {
+			select {
+			case first = <-b.in:
+			case <-b.r.stop:
+				b.failQueued()
+				return
+			}
 		}
 		batch := []*RequestState{first}
+		size := len(first.cmds)
 	drain:
-		for len(batch) < lockfsm.MaxBatch {
+		for size < lockfsm.MaxBatch {
 			select {
 			case rs := <-b.in:
+				if size+len(rs.cmds) > lockfsm.MaxBatch {
+					carried = rs
+					break drain
+				}
 				batch = append(batch, rs)
+				size += len(rs.cmds)
 			default:
 				break drain
 			}
@@ -110,6 +120,9 @@ func (b *batcher) run() {
 		case slots <- struct{}{}:
 		case <-b.r.stop:
 			failAll(batch, lockerr.Closed)
+			if carried != nil {
+				carried.finish(Outcome{Err: lockerr.Closed})
+			}
 			b.failQueued()
 			return
 		}
@@ -142,9 +155,9 @@ func failAll(batch []*RequestState, err error) {
 
 // commit proposes one batch as one entry and hands each command its result.
 func (b *batcher) commit(batch []*RequestState) {
-	cmds := make([]lockfsm.Command, len(batch))
-	for i, rs := range batch {
-		cmds[i] = rs.cmd
+	var cmds []lockfsm.Command
+	for _, rs := range batch {
+		cmds = append(cmds, rs.cmds...)
 	}
 	// Written in the format of the cluster's level, which every replica
 	// reads; a layout this peer knows may lag, never lead, the level, and
@@ -164,14 +177,16 @@ func (b *batcher) commit(batch []*RequestState) {
 	} else {
 		results, err = b.r.propose(ctx, b.shard, data)
 	}
-	if err == nil && len(results) != len(batch) {
-		err = fmt.Errorf("shard %d answered %d results for %d commands", b.shard, len(results), len(batch))
+	if err == nil && len(results) != len(cmds) {
+		err = fmt.Errorf("shard %d answered %d results for %d commands", b.shard, len(results), len(cmds))
 	}
 	if err != nil {
 		failAll(batch, err)
 		return
 	}
-	for i, rs := range batch {
-		rs.finish(Outcome{Result: results[i]})
+	for _, rs := range batch {
+		mine := results[:len(rs.cmds):len(rs.cmds)]
+		results = results[len(rs.cmds):]
+		rs.finish(Outcome{Result: mine[0], Results: mine})
 	}
 }

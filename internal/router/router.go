@@ -100,17 +100,20 @@ type ProposeResponse struct {
 }
 
 // Outcome is what became of one proposed command: its result, or why its
-// outcome is unknown or it was refused.
+// outcome is unknown or it was refused. For a group (ProposeGroup),
+// Results holds every command's result in order and Result the first's.
 type Outcome struct {
-	Result lockfsm.Result
-	Err    error
+	Result  lockfsm.Result
+	Results []lockfsm.Result
+	Err     error
 }
 
-// RequestState is a proposed command on its way: ResultC delivers its
-// Outcome exactly once.
+// RequestState is a proposed command, or group of commands, on its way:
+// ResultC delivers its Outcome exactly once. A group's commands stay
+// together, in order, in one entry.
 type RequestState struct {
-	cmd lockfsm.Command
-	c   chan Outcome // buffered 1: the batch never waits for a reader
+	cmds []lockfsm.Command
+	c    chan Outcome // buffered 1: the batch never waits for a reader
 }
 
 // ResultC returns the channel the command's Outcome arrives on.
@@ -190,12 +193,26 @@ func (r *Router) Propose(ctx context.Context, shard uint64, cmd lockfsm.Command)
 	// A leader's own commands (LeaderTerm, ExpireSession) always go
 	// through its own replica: hosts refuse them from the network, and
 	// the term they carry decides whether they apply.
-	local := r.host.Hosts(shard) && (r.LeaderGuess(shard) == r.cfg.Name || leaderOnly(cmd.Op))
+	return r.propose1(ctx, shard, []lockfsm.Command{cmd})
+}
+
+// ProposeGroup is Propose for commands that must share one entry, in
+// order: an all-or-nothing group of Acquires (lockfsm.Command.Group). At
+// most lockfsm.MaxGroup commands.
+func (r *Router) ProposeGroup(ctx context.Context, shard uint64, cmds []lockfsm.Command) (*RequestState, error) {
+	if len(cmds) == 0 || len(cmds) > lockfsm.MaxGroup {
+		return nil, fmt.Errorf("a group of %d commands; 1 to %d fit in one entry", len(cmds), lockfsm.MaxGroup)
+	}
+	return r.propose1(ctx, shard, cmds)
+}
+
+func (r *Router) propose1(ctx context.Context, shard uint64, cmds []lockfsm.Command) (*RequestState, error) {
+	local := r.host.Hosts(shard) && (r.LeaderGuess(shard) == r.cfg.Name || leaderOnly(cmds[0].Op))
 	b, err := r.batcherFor(shard, local)
 	if err != nil {
 		return nil, err
 	}
-	return b.enqueue(ctx, cmd)
+	return b.enqueue(ctx, cmds)
 }
 
 // leaderOnly reports whether op is proposed only by a shard's leader on
@@ -210,28 +227,45 @@ func leaderOnly(op lockfsm.Op) bool {
 // with an error wrapping lockerr.Unavailable, ctx's error and the last
 // error seen; after Close it fails with lockerr.Closed.
 func (r *Router) Apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
+	rs, err := r.apply(ctx, shard, []lockfsm.Command{cmd})
+	if err != nil {
+		return lockfsm.Result{}, err
+	}
+	return rs[0], nil
+}
+
+// ApplyGroup is Apply for commands that must share one entry, in order
+// (ProposeGroup); it returns their results.
+func (r *Router) ApplyGroup(ctx context.Context, shard uint64, cmds []lockfsm.Command) ([]lockfsm.Result, error) {
+	if len(cmds) == 0 || len(cmds) > lockfsm.MaxGroup {
+		return nil, fmt.Errorf("a group of %d commands; 1 to %d fit in one entry", len(cmds), lockfsm.MaxGroup)
+	}
+	return r.apply(ctx, shard, cmds)
+}
+
+func (r *Router) apply(ctx context.Context, shard uint64, cmds []lockfsm.Command) ([]lockfsm.Result, error) {
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		rs, err := r.Propose(ctx, shard, cmd)
+		rs, err := r.propose1(ctx, shard, cmds)
 		if err != nil {
-			return lockfsm.Result{}, r.Unavailable(shard, err, lastErr)
+			return nil, r.Unavailable(shard, err, lastErr)
 		}
 		select {
 		case o := <-rs.ResultC():
 			if o.Err == nil {
-				return o.Result, nil
+				return o.Results, nil
 			}
 			if !Retryable(o.Err) {
-				return lockfsm.Result{}, fmt.Errorf("shard %d: %w", shard, o.Err)
+				return nil, fmt.Errorf("shard %d: %w", shard, o.Err)
 			}
 			lastErr = o.Err
 		case <-ctx.Done():
-			return lockfsm.Result{}, r.Unavailable(shard, ctx.Err(), lastErr)
+			return nil, r.Unavailable(shard, ctx.Err(), lastErr)
 		case <-r.stop:
-			return lockfsm.Result{}, lockerr.Closed
+			return nil, lockerr.Closed
 		}
 		if err := r.Backoff(ctx, attempt); err != nil {
-			return lockfsm.Result{}, r.Unavailable(shard, err, lastErr)
+			return nil, r.Unavailable(shard, err, lastErr)
 		}
 	}
 }
@@ -329,14 +363,17 @@ func (r *Router) ServePropose(ctx context.Context, req ProposeRequest) ([]byte, 
 	if err != nil {
 		return nil, busy(err)
 	}
-	states := make([]*RequestState, len(cmds))
-	for i, c := range cmds {
-		if states[i], err = b.enqueue(ctx, c); err != nil {
+	// Each command joins the batch on its own, but a group's stay
+	// together (lockfsm.Units), as the proposer sent them.
+	units := lockfsm.Units(cmds)
+	states := make([]*RequestState, len(units))
+	for i, u := range units {
+		if states[i], err = b.enqueue(ctx, u); err != nil {
 			return nil, busy(err)
 		}
 	}
-	results := make([]lockfsm.Result, len(cmds))
-	for i, rs := range states {
+	results := make([]lockfsm.Result, 0, len(cmds))
+	for _, rs := range states {
 		select {
 		case o := <-rs.ResultC():
 			if o.Err != nil {
@@ -345,7 +382,7 @@ func (r *Router) ServePropose(ctx context.Context, req ProposeRequest) ([]byte, 
 				}
 				return nil, o.Err
 			}
-			results[i] = o.Result
+			results = append(results, o.Results...)
 		case <-ctx.Done():
 			return nil, busy(ctx.Err())
 		}

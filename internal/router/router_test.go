@@ -184,7 +184,7 @@ func TestCommandsQueuedMeanwhileShareOneEntry(t *testing.T) {
 		if o.Err != nil {
 			t.Fatal(o.Err)
 		}
-		if want := rs.cmd.Req; o.Result.Token != want {
+		if want := rs.cmds[0].Req; o.Result.Token != want {
 			t.Fatalf("command %d got token %d, want its own result %d", i, o.Result.Token, want)
 		}
 	}
@@ -501,5 +501,129 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not reached in 10s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// groupOf is an all-or-nothing group of acquires from request id first.
+func groupOf(first uint64, n int) []lockfsm.Command {
+	cmds := make([]lockfsm.Command, n)
+	for i := range cmds {
+		cmds[i] = acquire(first + uint64(i))
+		cmds[i].Group = uint16(n)
+	}
+	return cmds
+}
+
+// A group's commands share one entry, together and in order, even among
+// single commands batched around them, and each gets its own result; a
+// group that would push a batch past lockfsm.MaxBatch waits for the next.
+func TestGroupsStayWholeInOneEntry(t *testing.T) {
+	p := threePeers()
+	a, _ := p.ReplicaID(shard, "a")
+	h := &fakeHost{p: p, hosted: true, leader: a, gate: make(chan struct{})}
+	r := newTestRouter(t, h, nil)
+	ctx := context.Background()
+
+	var first []*RequestState
+	for i := range maxInflightLocal {
+		rs, err := r.Propose(ctx, shard, acquire(uint64(i+1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = append(first, rs)
+		waitFor(t, func() bool { return h.waitingAtGate() == i+1 })
+	}
+	// Singles fill the next batch to MaxBatch-2, then a group of 3 that
+	// does not fit, then more singles.
+	var singles []*RequestState
+	for i := range lockfsm.MaxBatch - 2 {
+		rs, err := r.Propose(ctx, shard, acquire(uint64(10_000+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		singles = append(singles, rs)
+	}
+	group, err := r.ProposeGroup(ctx, shard, groupOf(100, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		rs, err := r.Propose(ctx, shard, acquire(uint64(200+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		singles = append(singles, rs)
+	}
+	close(h.gate)
+	o := <-group.ResultC()
+	if o.Err != nil || len(o.Results) != 3 || o.Results[0].Token != 100 || o.Results[2].Token != 102 || o.Result.Token != o.Results[0].Token {
+		t.Fatalf("group outcome %+v", o)
+	}
+	for _, rs := range append(first, singles...) {
+		if o := <-rs.ResultC(); o.Err != nil || o.Result.Token != rs.cmds[0].Req {
+			t.Fatalf("single outcome %+v for request %d", o, rs.cmds[0].Req)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	found := 0
+	for _, b := range h.batches {
+		if len(b) > lockfsm.MaxBatch {
+			t.Fatalf("a batch of %d commands", len(b))
+		}
+		for i, c := range b {
+			if c.Req == 100 {
+				found++
+				if i+2 >= len(b) || b[i+1].Req != 101 || b[i+2].Req != 102 {
+					t.Fatalf("the group was split or reordered in its entry: %+v", b[i:])
+				}
+			}
+		}
+	}
+	if found != 1 {
+		t.Fatalf("the group's first command is in %d entries", found)
+	}
+	if _, err := r.ProposeGroup(ctx, shard, groupOf(1, lockfsm.MaxGroup+1)); err == nil {
+		t.Fatal("a group larger than MaxGroup was proposed")
+	}
+}
+
+// A forwarded proposal is re-batched command by command, but its groups
+// stay whole (lockfsm.Units), and the results come back in its order.
+func TestServeProposeKeepsGroupsWhole(t *testing.T) {
+	p := threePeers()
+	a, _ := p.ReplicaID(shard, "a")
+	h := &fakeHost{p: p, hosted: true, leader: a}
+	r := newTestRouter(t, h, nil)
+	cmds := append(append([]lockfsm.Command{acquire(1)}, groupOf(2, 3)...), acquire(5))
+	data, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, cmds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := r.ServePropose(context.Background(), ProposeRequest{Shard: shard, Cmds: data, Level: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp ProposeResponse
+	if err := msgpack.Unmarshal(raw, &resp); err != nil {
+		t.Fatal(err)
+	}
+	results, err := lockfsm.DecodeResults(resp.Results)
+	if err != nil || len(results) != 5 {
+		t.Fatalf("results %+v, %v", results, err)
+	}
+	for i, res := range results {
+		if res.Token != uint64(i+1) {
+			t.Fatalf("result %d has token %d: out of order", i, res.Token)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, b := range h.batches {
+		for i, c := range b {
+			if c.Req == 2 && (i+2 >= len(b) || b[i+1].Req != 3 || b[i+2].Req != 4) {
+				t.Fatalf("the forwarded group was split: %+v", b)
+			}
+		}
 	}
 }
