@@ -169,7 +169,7 @@ func (s *State) checkAcquire(c *Command) (k *lockKey, res Result, ok bool) {
 	}
 	if limit := limitOf(c); limit != k.limit {
 		if c.Kind == KindSemaphore {
-			return nil, Result{Status: StatusMismatch, Err: fmt.Sprintf("Acquire %q: a semaphore of %d permits asked, the key has %d", c.Key, limit, k.limit)}, false
+			return nil, Result{Status: StatusLimitMismatch, Err: fmt.Sprintf("Acquire %q: a semaphore of %d permits asked, the key has %d", c.Key, limit, k.limit)}, false
 		}
 		// What every release before the lock family answered.
 		return nil, invalid(fmt.Sprintf("Acquire: limit %d differs from the key's current limit %d", limit, k.limit)), false

@@ -94,7 +94,7 @@ func TestFamilyTable(t *testing.T) {
 		}},
 		{name: "roles and limits must agree while a key is in use", steps: []step{
 			one(permits(A, 1, "s", 3, 1, true), granted(1), g("s", A, 1, 1)),
-			one(permits(B, 1, "s", 5, 1, true), mismatch),
+			one(permits(B, 1, "s", 5, 1, true), Result{Status: StatusLimitMismatch, Err: "*"}),
 			one(acq(B, 2, "s", true), mismatch),
 			one(rlock(B, 3, "s", true), mismatch),
 			one(rlock(B, 4, "x", true), granted(2), g("x", B, 4, 2)),

@@ -211,14 +211,16 @@ const (
 	// recorded leader term, or a LeaderTerm below it; nothing changed.
 	StatusStaleTerm
 	// StatusMismatch: an Acquire of a kind the key's role does not take
-	// (a semaphore's key locked as a mutex), or of a semaphore whose
-	// permit count (Limit) differs from the key's; Err names both.
-	// Nothing changed.
+	// (a semaphore's key locked as a mutex); Err names both. Nothing
+	// changed.
 	StatusMismatch
 	// StatusDeadlock: an Acquire with FlagDeadlock that would have waited
 	// and closed a wait-for cycle of sessions; Err names the cycle. The
 	// attempt is refused (terminal), as a TryLock is.
 	StatusDeadlock
+	// StatusLimitMismatch: a semaphore Acquire whose permit count (Limit)
+	// differs from the key's; Err names both. Nothing changed.
+	StatusLimitMismatch
 )
 
 // String returns the status name.
@@ -248,6 +250,8 @@ func (s Status) String() string {
 		return "Mismatch"
 	case StatusDeadlock:
 		return "Deadlock"
+	case StatusLimitMismatch:
+		return "LimitMismatch"
 	}
 	return fmt.Sprintf("Status(%d)", uint8(s))
 }
@@ -260,8 +264,8 @@ type Result struct {
 	// Token is the fencing token of the grant (Granted, Released, and OK of a
 	// Release that released or had released a grant).
 	Token uint64
-	// Err explains a StatusInvalid, StatusStaleTerm, StatusMismatch or
-	// StatusDeadlock.
+	// Err explains a StatusInvalid, StatusStaleTerm, StatusMismatch,
+	// StatusDeadlock or StatusLimitMismatch.
 	Err string
 	// Holders are the key's holders when an Acquire with FlagDetail is
 	// refused (StatusLocked), in grant order, at most maxDetailHolders.
