@@ -36,6 +36,11 @@ var (
 	ErrInvalidKey = errors.New("lockmesh: invalid key")
 	// ErrInvalidConfig is returned by Config.Validate and Start.
 	ErrInvalidConfig = errors.New("lockmesh: invalid config")
+	// ErrInvalidArgument means a call's argument is out of range: a
+	// semaphore of no permits, an acquire of more permits than it has, a
+	// LockAll of no keys, of a key twice or of more than MaxLockAll. The
+	// error names the problem; nothing was taken.
+	ErrInvalidArgument = errors.New("lockmesh: invalid argument")
 	// ErrUnavailable means the shard owning a key could not be reached before
 	// the context ended: not enough peers are up or the network is cut.
 	ErrUnavailable = lockerr.Unavailable

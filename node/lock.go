@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -15,6 +16,9 @@ const MaxKeyLen = lockfsm.MaxKeyLen
 // other grant of the same key. Methods are safe for concurrent use.
 type Lock struct {
 	h *client.Held // the grant, its session and its end
+	// given is set once this hold was unlocked or released: a reentrant
+	// grant is shared by several Locks, each of which gives up one hold.
+	given atomic.Bool
 }
 
 // Key returns the locked key.
@@ -56,7 +60,29 @@ func (l *Lock) Err() error { return l.h.Err() }
 // Unlock returns an error wrapping ErrLeaseExpired when the lease was lost
 // before the call (another holder may have been granted the key
 // meanwhile), and ErrNotHeld when the lock was already unlocked.
-func (l *Lock) Unlock(ctx context.Context) error { return l.h.Unlock(ctx) }
+func (l *Lock) Unlock(ctx context.Context) error {
+	if last, err := l.give(); !last {
+		return err
+	}
+	return l.h.Unlock(ctx)
+}
+
+// give gives up this Lock's hold and reports whether it was the last
+// hold of its grant (always, unless the Session is reentrant); a Lock
+// given up before fails with ErrNotHeld.
+func (l *Lock) give() (last bool, err error) {
+	if l.given.Swap(true) {
+		return false, fmt.Errorf("unlock %q: already unlocked: %w", l.Key(), ErrNotHeld)
+	}
+	if !l.h.Leave() {
+		return false, nil
+	}
+	return true, nil
+}
+
+// Permits returns how many permits this grant holds: what Semaphore's
+// Acquire asked for, and 1 for every other lock.
+func (l *Lock) Permits() int { return int(max(l.h.Spec().Permits, 1)) }
 
 // Release gives the lock up without waiting for the cluster, as
 // sync.Mutex.Unlock does: Done closes at once and Err returns ErrNotHeld,
@@ -72,7 +98,12 @@ func (l *Lock) Unlock(ctx context.Context) error { return l.h.Unlock(ctx) }
 // the key when the session expires, as it would after a crash, and the
 // node's other locks on that shard report ErrLeaseExpired. Release returns
 // the same errors as Unlock for a lock that was already unlocked or lost.
-func (l *Lock) Release() error { return l.h.Release() }
+func (l *Lock) Release() error {
+	if last, err := l.give(); !last {
+		return err
+	}
+	return l.h.Release()
+}
 
 // Lock blocks until key is granted to this caller, in FIFO order among the
 // waiters of the key, and returns the held lock. The grant is pushed to
@@ -94,14 +125,21 @@ func (n *Node) Lock(ctx context.Context, key string) (*Lock, error) {
 }
 
 // TryLock takes key if it is free and nobody waits for it, and otherwise
-// returns an error wrapping ErrLocked at once.
+// returns an error wrapping ErrLocked at once; from feature level 3 it is
+// a *LockedError naming the holders.
 func (n *Node) TryLock(ctx context.Context, key string) (*Lock, error) {
 	return n.acquire(ctx, key, false)
 }
 
 func (n *Node) acquire(ctx context.Context, key string, wait bool) (*Lock, error) {
+	var spec client.Spec
+	if n.labels() {
+		// No deadlock check: the default session is shared by every
+		// goroutine of the node, so its waits are not one thread's.
+		spec.Flags = lockfsm.FlagDetail
+	}
 	for {
-		l, retry, err := n.acquireIn(ctx, key, wait, func(shard uint64) *client.Owner {
+		l, retry, err := n.acquireIn(ctx, key, wait, spec, func(shard uint64) *client.Owner {
 			o, err := n.defaultSession(shard)
 			if err != nil {
 				return nil
@@ -117,7 +155,7 @@ func (n *Node) acquire(ctx context.Context, key string, wait bool) (*Lock, error
 
 // acquireIn takes key in the Owner ownerFor gives for the key's shard (nil
 // when the node closed). retry is true when that Owner was lost on the way.
-func (n *Node) acquireIn(ctx context.Context, key string, wait bool, ownerFor func(shard uint64) *client.Owner) (l *Lock, retry bool, err error) {
+func (n *Node) acquireIn(ctx context.Context, key string, wait bool, spec client.Spec, ownerFor func(shard uint64) *client.Owner) (l *Lock, retry bool, err error) {
 	if err := lockfsm.ValidateKey(key); err != nil {
 		return nil, false, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
@@ -133,9 +171,9 @@ func (n *Node) acquireIn(ctx context.Context, key string, wait bool, ownerFor fu
 	if owner == nil {
 		return nil, false, ErrClosed
 	}
-	h, retry, err := owner.Acquire(ctx, shard, key, wait)
+	h, retry, err := owner.Acquire(ctx, shard, key, wait, spec)
 	if h == nil {
-		return nil, retry, err
+		return nil, retry, publicErr(err)
 	}
 	return &Lock{h: h}, false, nil
 }

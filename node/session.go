@@ -34,7 +34,27 @@ type Session struct {
 type SessionOption func(*sessionOptions)
 
 type sessionOptions struct {
-	ttl time.Duration
+	ttl       time.Duration
+	reentrant bool
+}
+
+// WithReentrant lets the session lock a key it holds again, as a
+// mutex, or as a writer (Session.Lock, RWMutex.Lock), or as a reader
+// (RWMutex.RLock): it gets the same grant, with the same fencing token,
+// and one more hold; the key is released when every hold is unlocked.
+// Each *Lock returned is one hold, and unlocking one twice fails with
+// ErrNotHeld, so a hold cannot be given up twice by mistake. Re-locking
+// as another kind (a reader taking the write lock) still fails with
+// ErrAlreadyHeld, as do semaphores and LockAll.
+//
+// It is off by default, as in etcd's concurrency package: a critical
+// section entered again usually hides a bug (the inner one breaks the
+// invariants the outer one relies on), and the hold count belongs to the
+// Session, not to a goroutine, so goroutines that share a reentrant
+// Session share its holds: one of them can re-enter a lock another holds.
+// Give each goroutine its own Session if that matters.
+func WithReentrant() SessionOption {
+	return func(o *sessionOptions) { o.reentrant = true }
 }
 
 // WithTTL sets the session's time to live: how long the cluster keeps its
@@ -65,7 +85,11 @@ func (n *Node) NewSession(ctx context.Context, opts ...SessionOption) (*Session,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return n.newSession(o.ttl)
+	s, err := n.newSession(o.ttl)
+	if err == nil && o.reentrant {
+		s.o.SetReentrant()
+	}
+	return s, err
 }
 
 func (n *Node) newSession(ttl time.Duration) (*Session, error) {
@@ -96,19 +120,28 @@ func (s *Session) Err() error { return s.o.Err() }
 
 // Lock takes key for this session; see Node.Lock. It fails with an error
 // wrapping ErrLeaseExpired or ErrSessionClosed once the session has ended,
-// and at once with ErrAlreadyHeld for a key the session holds (locks are
-// not reentrant).
+// and at once with ErrAlreadyHeld for a key the session holds (unless the
+// session is reentrant, see WithReentrant). From feature level 3 a wait
+// that would close a cycle of Sessions each waiting for a key the next
+// holds fails at once with ErrDeadlock (see LockAll and docs/LOCKS.md for
+// its scope).
 func (s *Session) Lock(ctx context.Context, key string) (*Lock, error) {
-	return s.acquire(ctx, key, true)
+	return s.acquire(ctx, key, true, client.Spec{})
 }
 
 // TryLock takes key for this session if it is free; see Node.TryLock.
 func (s *Session) TryLock(ctx context.Context, key string) (*Lock, error) {
-	return s.acquire(ctx, key, false)
+	return s.acquire(ctx, key, false, client.Spec{})
 }
 
-func (s *Session) acquire(ctx context.Context, key string, wait bool) (*Lock, error) {
-	l, retry, err := s.n.acquireIn(ctx, key, wait, func(uint64) *client.Owner { return s.o })
+// acquire takes key in s as spec asks; from feature level 3 a refusal
+// names the holders, and a wait that closes a cycle of Sessions is
+// refused (a Session is one thread of control: see WithReentrant).
+func (s *Session) acquire(ctx context.Context, key string, wait bool, spec client.Spec) (*Lock, error) {
+	if s.n.labels() {
+		spec.Flags |= lockfsm.FlagDetail | lockfsm.FlagDeadlock
+	}
+	l, retry, err := s.n.acquireIn(ctx, key, wait, spec, func(uint64) *client.Owner { return s.o })
 	if retry {
 		if err = s.Err(); err == nil {
 			err = fmt.Errorf("%w: session lost", ErrLeaseExpired)
@@ -149,9 +182,12 @@ func newClient(n *Node) *client.Client {
 		Clock:        leaseClock{n.cfg.clock},
 		// Rounds on Go's clock, as before the split: a jump of the lease
 		// clock moves deadlines, not the keepalives that keep them.
-		RoundClock:  client.SystemClock{},
-		Log:         n.log,
-		Apply:       n.clientApply,
+		RoundClock: client.SystemClock{},
+		Log:        n.log,
+		Apply:      n.clientApply,
+		ApplyGroup: func(ctx context.Context, shard uint64, cmds []lockfsm.Command) ([]lockfsm.Result, error) {
+			return n.router.ApplyGroup(ctx, shard, cmds)
+		},
 		ReadAttempt: n.readAttempt,
 		// The router is made later, in open; keepalives start after it.
 		KeepAlive: func(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {

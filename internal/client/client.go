@@ -74,6 +74,9 @@ type Config struct {
 	// Apply commits cmd in shard's Raft log and returns its result,
 	// retrying unchanged while the outcome is unknown and ctx lasts.
 	Apply func(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error)
+	// ApplyGroup is Apply for the commands of an all-or-nothing group,
+	// which share one entry in order.
+	ApplyGroup func(ctx context.Context, shard uint64, cmds []lockfsm.Command) ([]lockfsm.Result, error)
 	// ReadAttempt reads the attempt (session, req) from shard's
 	// replicated state, linearizably; found is false when the shard no
 	// longer knows the session.
@@ -277,6 +280,19 @@ func (t *Attempts) Begin() uint64 {
 	t.next++
 	t.pending[r] = struct{}{}
 	return r
+}
+
+// BeginN allocates n consecutive request ids, the first returned; each
+// is pending until Finish. An all-or-nothing group needs them consecutive.
+func (t *Attempts) BeginN(n int) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	first := t.next
+	for range n {
+		t.pending[t.next] = struct{}{}
+		t.next++
+	}
+	return first
 }
 
 // Finish records that the final answer to request r is in.

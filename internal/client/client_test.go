@@ -143,7 +143,7 @@ func TestGrantNoticeIsVerified(t *testing.T) {
 	acquire := func(key string) (chan result, lockfsm.Command) {
 		done := make(chan result, 1)
 		go func() {
-			h, _, err := o.Acquire(tc.ctx, 2, key, true)
+			h, _, err := o.Acquire(tc.ctx, 2, key, true, Spec{})
 			done <- result{h, err}
 		}()
 		return done, <-tc.cluster.queued

@@ -190,7 +190,7 @@ func TestLossIsOnceAndEndsEveryLock(t *testing.T) {
 	tc.noMoreClosed(t)
 
 	// Nothing more is taken in the ended Owner: it says why it ended.
-	if h, retry, _ := o.Acquire(tc.ctx, 2, "d", true); h != nil || !retry {
+	if h, retry, _ := o.Acquire(tc.ctx, 2, "d", true, Spec{}); h != nil || !retry {
 		t.Fatalf("Acquire in a lost Owner: %v, retry %v", h, retry)
 	}
 	if err := a.Unlock(tc.ctx); !errors.Is(err, errLeaseExpired) {
@@ -250,7 +250,7 @@ func TestLockingAHeldKeyFailsAtOnce(t *testing.T) {
 	o, _ := tc.NewOwner(time.Second)
 	h := tc.hold(t, o, 2, "k")
 	for _, wait := range []bool{true, false} {
-		if _, _, err := o.Acquire(tc.ctx, 2, "k", wait); !errors.Is(err, lockerr.AlreadyHeld) {
+		if _, _, err := o.Acquire(tc.ctx, 2, "k", wait, Spec{}); !errors.Is(err, lockerr.AlreadyHeld) {
 			t.Fatalf("second Acquire (wait %v) of a held key: %v, want AlreadyHeld", wait, err)
 		}
 	}
@@ -265,7 +265,7 @@ func TestLockingAHeldKeyFailsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.hold(t, d, 2, "d")
-	if _, _, err := d.Acquire(tc.ctx, 2, "d", false); errors.Is(err, lockerr.AlreadyHeld) {
+	if _, _, err := d.Acquire(tc.ctx, 2, "d", false, Spec{}); errors.Is(err, lockerr.AlreadyHeld) {
 		t.Fatalf("the shared default Owner refused another caller's TryLock as its own: %v", err)
 	}
 }

@@ -19,6 +19,10 @@ type Held struct {
 	key   string
 	req   uint64
 	token uint64
+	spec  Spec
+	// holds counts the holds of a reentrant Owner on this grant (1 for
+	// the first); guarded by mu.
+	holds int
 
 	once sync.Once
 	done chan struct{}
@@ -28,8 +32,8 @@ type Held struct {
 
 // newHeld records the grant of attempt req on key; if the session was
 // lost meanwhile, the lock comes back already ended with its error.
-func (s *Session) newHeld(key string, req, token uint64) *Held {
-	h := &Held{s: s, key: key, req: req, token: token, done: make(chan struct{})}
+func (s *Session) newHeld(key string, req, token uint64, spec Spec) *Held {
+	h := &Held{s: s, key: key, req: req, token: token, spec: spec, holds: 1, done: make(chan struct{})}
 	s.mu.Lock()
 	err := s.lostErr
 	if err == nil {
@@ -42,16 +46,52 @@ func (s *Session) newHeld(key string, req, token uint64) *Held {
 	return h
 }
 
-// holds reports whether s holds key now.
-func (s *Session) holds(key string) bool {
+// heldOf returns s's hold of key, or nil.
+func (s *Session) heldOf(key string) *Held {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, h := range s.held {
 		if h.key == key {
-			return true
+			return h
 		}
 	}
-	return false
+	return nil
+}
+
+// Spec is what an acquire asks of its key (lockfsm.Command's Kind,
+// Limit, Permits and Flags); the zero Spec is the mutex of every feature
+// level.
+type Spec struct {
+	Kind    lockfsm.Kind
+	Limit   uint32 // a semaphore's permit count; 1 otherwise
+	Permits uint32 // of a semaphore; 0 means 1
+	Flags   lockfsm.Flags
+}
+
+// Spec returns what the grant was asked as.
+func (h *Held) Spec() Spec { return h.spec }
+
+// Reenter counts one more hold of h by its reentrant Owner, and reports
+// false when h has ended (the caller then acquires anew).
+func (h *Held) Reenter() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err != nil {
+		return false
+	}
+	h.holds++
+	return true
+}
+
+// Leave gives up one hold of a reentrant grant and reports whether it
+// was the last, which the caller then releases.
+func (h *Held) Leave() (last bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.holds > 0 {
+		h.holds--
+	}
+	return h.holds == 0
 }
 
 // Key returns the locked key.
@@ -224,19 +264,23 @@ func (s *Session) release(ctx context.Context, target uint64) (lockfsm.Result, e
 	return s.c.cfg.Apply(ctx, s.shard, cmd)
 }
 
-// Acquire takes key, which lives in shard, for the Owner: in its
-// replicated session there (opened if needed), after this peer's own
-// release of key, if one is in flight, has committed. With wait it queues
-// behind the key's holder and waiters (FIFO) until granted or ctx ends;
-// without, a held or awaited key fails at once with lockerr.Locked. A key
-// the Owner holds already fails at once with lockerr.AlreadyHeld, unless
-// the Owner is a shared default one (its other holder is another caller).
+// Acquire takes key, which lives in shard, for the Owner as spec asks:
+// in its replicated session there (opened if needed), after this peer's
+// own release of key, if one is in flight, has committed. With wait it
+// queues behind the key's holders and waiters (FIFO) until granted or
+// ctx ends; without, a key it cannot take now fails at once with a
+// *lockerr.LockedError. A key the Owner holds already fails at once with
+// lockerr.AlreadyHeld, unless the Owner is a shared default one (its other
+// holder is another caller), the key is a semaphore's (each take of
+// permits is a grant of its own), or the Owner is reentrant and the hold
+// is of the same kind (then the same grant is returned, with one more
+// hold).
 //
 // retry is true, with a nil lock and error, when the Owner's session was
 // lost on the way: the caller starts over in a live Owner, or reports the
 // Owner's error. When ctx ends first, the attempt leaves the queue (a
 // grant that raced it is released) and ctx's error is returned.
-func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool) (h *Held, retry bool, err error) {
+func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool, spec Spec) (h *Held, retry bool, err error) {
 	s, err := o.Session(ctx, shard)
 	if err != nil {
 		if o.Err() != nil {
@@ -244,9 +288,14 @@ func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool
 		}
 		return nil, false, fmt.Errorf("lock %q: %w", key, err)
 	}
-	if !o.shared && s.holds(key) {
+	// A semaphore's permits may be taken several times over by one
+	// Owner, each take its own grant, as its goroutines would.
+	if held := s.heldOf(key); held != nil && !o.shared && spec.Kind != lockfsm.KindSemaphore {
+		if o.reentrant && held.spec.Kind == spec.Kind && spec.Kind != lockfsm.KindSemaphore && held.Reenter() {
+			return held, false, nil
+		}
 		// It would queue behind itself until ctx ends.
-		return nil, false, fmt.Errorf("lock %q: %w: locks are not reentrant; unlock it first, or lock through another Session", key, lockerr.AlreadyHeld)
+		return nil, false, fmt.Errorf("lock %q: %w: unlock it first, lock it through another Session, or make the Session reentrant (WithReentrant)", key, lockerr.AlreadyHeld)
 	}
 	if err := s.attempts.AwaitRelease(ctx, key, s.lost); err != nil {
 		return nil, false, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)
@@ -254,80 +303,189 @@ func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool
 	if s.isLost() {
 		return nil, true, nil
 	}
-	return s.attempt(ctx, key, wait)
+	hs, retry, err := s.attempt(ctx, []string{key}, []Spec{spec}, wait)
+	if len(hs) == 0 {
+		return nil, retry, err
+	}
+	return hs[0], false, nil
 }
 
-// attempt makes one acquire attempt in s. retry is true when the session
-// was lost on the way.
-func (s *Session) attempt(ctx context.Context, key string, wait bool) (h *Held, retry bool, err error) {
+// AcquireAll takes keys, which all live in shard, together for the
+// Owner: in one Raft entry, all or none (an all-or-nothing group; see
+// lockfsm.Command.Group), each as its spec asks. It fails as Acquire
+// does; a key the Owner holds already fails it at once with
+// lockerr.AlreadyHeld (a group is never reentrant). When ctx ends first,
+// the whole group leaves the queues, and a grant that raced it is
+// released.
+func (o *Owner) AcquireAll(ctx context.Context, shard uint64, keys []string, specs []Spec, wait bool) (hs []*Held, retry bool, err error) {
+	s, err := o.Session(ctx, shard)
+	if err != nil {
+		if o.Err() != nil {
+			return nil, true, nil
+		}
+		return nil, false, fmt.Errorf("lock %q: %w", keys[0], err)
+	}
+	for _, key := range keys {
+		if s.heldOf(key) != nil && !o.shared {
+			return nil, false, fmt.Errorf("lock %q: %w: unlock it first, or lock through another Session", key, lockerr.AlreadyHeld)
+		}
+		if err := s.attempts.AwaitRelease(ctx, key, s.lost); err != nil {
+			return nil, false, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)
+		}
+	}
+	if s.isLost() {
+		return nil, true, nil
+	}
+	return s.attempt(ctx, keys, specs, wait)
+}
+
+// attempt makes one acquire attempt in s: of one key, or of an
+// all-or-nothing group of keys in one entry. retry is true when the
+// session was lost on the way.
+func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait bool) (hs []*Held, retry bool, err error) {
 	c := s.c
-	req := s.attempts.Begin()
+	n := len(keys)
+	first := s.attempts.BeginN(n)
 	abandoned := false // an abandoned attempt stays pending until its cancel is in
 	defer func() {
 		if !abandoned {
-			s.attempts.Finish(req)
+			for i := range n {
+				s.attempts.Finish(first + uint64(i))
+			}
 		}
 	}()
-	waiter := WaiterKey{Shard: s.shard, Session: s.id, Req: req}
-	granted := c.waiters.Add(waiter)
-	defer c.waiters.Remove(waiter)
-
-	res, err := c.cfg.Apply(ctx, s.shard, lockfsm.Command{
-		Op: lockfsm.OpAcquire, Session: s.id, Req: req, Ack: s.attempts.Ack(), Key: key, Wait: wait, Limit: 1,
-	})
+	granted := make([]<-chan uint64, n)
+	cmds := make([]lockfsm.Command, n)
+	for i, key := range keys {
+		req := first + uint64(i)
+		waiter := WaiterKey{Shard: s.shard, Session: s.id, Req: req}
+		granted[i] = c.waiters.Add(waiter)
+		defer c.waiters.Remove(waiter)
+		sp := specs[i]
+		cmds[i] = lockfsm.Command{
+			Op: lockfsm.OpAcquire, Session: s.id, Req: req, Ack: s.attempts.Ack(), Key: key, Wait: wait,
+			Kind: sp.Kind, Limit: max(sp.Limit, 1), Permits: sp.Permits, Flags: sp.Flags,
+		}
+		if sp.Kind == lockfsm.KindRead || sp.Kind == lockfsm.KindWrite {
+			cmds[i].Limit = 0
+		}
+		if n > 1 {
+			cmds[i].Group = uint16(n)
+		}
+	}
+	var results []lockfsm.Result
+	if n == 1 {
+		var res lockfsm.Result
+		res, err = c.cfg.Apply(ctx, s.shard, cmds[0])
+		results = []lockfsm.Result{res}
+	} else {
+		results, err = c.cfg.ApplyGroup(ctx, s.shard, cmds)
+	}
 	if err != nil {
-		abandoned = s.abandon(req)
-		return nil, false, fmt.Errorf("lock %q: %w", key, err)
+		abandoned = s.abandon(first, n)
+		return nil, false, fmt.Errorf("lock %q: %w", keys[0], err)
 	}
-	switch res.Status {
-	case lockfsm.StatusGranted:
-		return s.newHeld(key, req, res.Token), false, nil
-	case lockfsm.StatusLocked:
-		return nil, false, fmt.Errorf("lock %q: %w", key, lockerr.Locked)
-	case lockfsm.StatusNoSession:
-		s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id))
-		return nil, true, nil
-	case lockfsm.StatusQueued:
-	default:
-		return nil, false, fmt.Errorf("lock %q: %s", key, Describe(res))
+	if len(results) != n {
+		abandoned = s.abandon(first, n)
+		return nil, false, fmt.Errorf("lock %q: %d results for %d acquires", keys[0], len(results), n)
+	}
+	tokens := make([]uint64, n)
+	queued := false
+	for i, res := range results {
+		switch res.Status {
+		case lockfsm.StatusGranted:
+			tokens[i] = res.Token
+		case lockfsm.StatusQueued:
+			queued = true
+		case lockfsm.StatusNoSession:
+			s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id))
+			return nil, true, nil
+		default:
+			return nil, false, refusal(keys[i], res)
+		}
+	}
+	if !queued {
+		return s.newHelds(keys, first, tokens, specs), false, nil
 	}
 
-	// Queued: wait for the grant. A token comes from this peer's own
-	// replica; a notice, or the slow re-read that covers lost notices, is
-	// checked against the replicated state. The re-read is liveness, not
-	// lease timing, so it runs on Go's timers.
+	// Queued: wait for the grant (of every attempt of a group: they come
+	// in one entry). A token comes from this peer's own replica; a
+	// notice, or the slow re-read that covers lost notices, is checked
+	// against the replicated state. The re-read is liveness, not lease
+	// timing, so it runs on Go's timers.
 	poll := time.NewTicker(s.owner.ttl / 4)
 	defer poll.Stop()
-	for {
+	missing := func() int {
+		for i, t := range tokens {
+			if t == 0 {
+				return i
+			}
+		}
+		return -1
+	}
+	for i := missing(); i >= 0; i = missing() {
 		select {
-		case tok := <-granted:
+		case tok := <-granted[i]:
 			if tok != Verify {
-				return s.newHeld(key, req, tok), false, nil
+				tokens[i] = tok
+				continue
 			}
 		case <-poll.C:
 		case <-s.lost:
 			return nil, true, nil
 		case <-ctx.Done():
-			abandoned = s.abandon(req)
-			return nil, false, fmt.Errorf("lock %q: %w", key, ctx.Err())
+			abandoned = s.abandon(first, n)
+			return nil, false, fmt.Errorf("lock %q: %w", keys[0], ctx.Err())
 		case <-c.cfg.Stop:
 			return nil, false, lockerr.Closed
 		}
-		found, a, err := c.cfg.ReadAttempt(ctx, s.shard, s.id, req)
-		if err != nil {
-			continue
-		}
-		if !found {
-			s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id))
-			return nil, true, nil
-		}
-		if a.State == lockfsm.ReqHeld {
-			return s.newHeld(key, req, a.Token), false, nil
+		for j := i; j < n; j++ {
+			if tokens[j] != 0 {
+				continue
+			}
+			found, a, err := c.cfg.ReadAttempt(ctx, s.shard, s.id, first+uint64(j))
+			if err != nil {
+				break
+			}
+			if !found {
+				s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id))
+				return nil, true, nil
+			}
+			if a.State != lockfsm.ReqHeld {
+				break
+			}
+			tokens[j] = a.Token
 		}
 	}
+	return s.newHelds(keys, first, tokens, specs), false, nil
 }
 
-// abandon withdraws an acquire attempt whose caller gave up. Cancel
+// newHelds records the grants of the attempts from first.
+func (s *Session) newHelds(keys []string, first uint64, tokens []uint64, specs []Spec) []*Held {
+	hs := make([]*Held, len(keys))
+	for i, key := range keys {
+		hs[i] = s.newHeld(key, first+uint64(i), tokens[i], specs[i])
+	}
+	return hs
+}
+
+// refusal is the error for an acquire the state machine refused.
+func refusal(key string, res lockfsm.Result) error {
+	switch res.Status {
+	case lockfsm.StatusLocked:
+		return &lockerr.LockedError{Key: key, Holders: res.Holders}
+	case lockfsm.StatusDeadlock:
+		return fmt.Errorf("lock %q: %w: %s", key, lockerr.Deadlock, res.Err)
+	case lockfsm.StatusMismatch:
+		return fmt.Errorf("lock %q: %w: %s", key, lockerr.KindMismatch, res.Err)
+	case lockfsm.StatusLimitMismatch:
+		return fmt.Errorf("lock %q: %w: %s", key, lockerr.LimitMismatch, res.Err)
+	}
+	return fmt.Errorf("lock %q: %s", key, Describe(res))
+}
+
+// abandon withdraws the acquire attempts first to first+n-1 (one attempt,
+// or a group) whose caller gave up. Cancel
 // dequeues it, or releases it if it was granted meanwhile, so an abandoned
 // grant never leaks. It runs in the background, bounded by the session TTL,
 // and reports whether it took over finishing req.
@@ -337,17 +495,26 @@ func (s *Session) attempt(ctx context.Context, key string, wait bool) (h *Held, 
 // otherwise keep the abandoned request queued, or granted to nobody, for
 // as long as this peer lives, and the key with it (seen under delay-drop).
 // Losing the session closes it on the cluster, which ends the request.
-func (s *Session) abandon(req uint64) bool {
+func (s *Session) abandon(first uint64, n int) bool {
 	if s.c.stopped() {
 		return false
 	}
 	s.c.cfg.Go(func(bg context.Context) {
-		defer s.attempts.Finish(req)
+		defer func() {
+			for i := range n {
+				s.attempts.Finish(first + uint64(i))
+			}
+		}()
 		ctx, cancel := context.WithTimeout(bg, s.owner.ttl)
 		defer cancel()
-		_, err := s.c.cfg.Apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: req})
-		if err != nil && !s.c.stopped() {
-			s.Lose(fmt.Errorf("%w: withdrawal of an abandoned lock attempt on shard %d did not commit: %v", lockerr.LeaseExpired, s.shard, err))
+		// One cancel withdraws a whole waiting group; each releases its
+		// own attempt if the group was granted meanwhile.
+		for i := range n {
+			_, err := s.c.cfg.Apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: first + uint64(i)})
+			if err != nil && !s.c.stopped() {
+				s.Lose(fmt.Errorf("%w: withdrawal of an abandoned lock attempt on shard %d did not commit: %v", lockerr.LeaseExpired, s.shard, err))
+				return
+			}
 		}
 	})
 	return true

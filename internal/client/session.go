@@ -27,6 +27,9 @@ type Owner struct {
 	// of the node locks through them, so a second Lock of a held key is
 	// another goroutine queueing behind the first, not a self-wait.
 	shared bool
+	// reentrant lets the Owner take a key it holds again (same kind): it
+	// gets the same grant with one more hold (node.WithReentrant).
+	reentrant bool
 
 	mu       sync.Mutex
 	shards   map[uint64]*slot // the replicated session on each shard used
@@ -41,6 +44,12 @@ type slot struct {
 	s    *Session
 	err  error
 }
+
+// SetReentrant makes the Owner reentrant; call it before its first lock.
+func (o *Owner) SetReentrant() { o.reentrant = true }
+
+// Shared reports whether the Owner is a shared default one (node.Lock's).
+func (o *Owner) Shared() bool { return o.shared }
 
 // Label returns the Owner's label: random, never 0, and given to every
 // replicated session it opens once the cluster's level allows it.

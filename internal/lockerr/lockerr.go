@@ -9,6 +9,9 @@ package lockerr
 import (
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/lockmesh/lockmesh/lockfsm"
 
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -25,7 +28,36 @@ var (
 	ReplicaHalted = errors.New("lockmesh: replica halted")
 	// NotReady means this peer does not know the cluster's layout yet.
 	NotReady = errors.New("lockmesh: not ready: the cluster layout is not known yet")
+	// The lock family's refusals.
+	Deadlock      = errors.New("lockmesh: deadlock")
+	LimitMismatch = errors.New("lockmesh: semaphore limit mismatch")
+	KindMismatch  = errors.New("lockmesh: key is in use as another kind of lock")
 )
+
+// LockedError is a refused try (TryLock, TryRLock, TryAcquire): it wraps
+// Locked and names the key's holders when the cluster said who they are
+// (from feature level 3). node exports its own form, with node.Holder.
+type LockedError struct {
+	Key     string
+	Holders []lockfsm.Holder
+}
+
+func (e *LockedError) Error() string {
+	if len(e.Holders) == 0 {
+		return fmt.Sprintf("lock %q: %v", e.Key, Locked)
+	}
+	var b strings.Builder
+	for i, h := range e.Holders {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s (token %d)", h.Owner, h.Token)
+	}
+	return fmt.Sprintf("lock %q: %v: held by %s", e.Key, Locked, b.String())
+}
+
+// Unwrap returns Locked.
+func (e *LockedError) Unwrap() error { return Locked }
 
 // Application error codes carried in transport.Error.
 const (

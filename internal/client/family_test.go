@@ -1,0 +1,233 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/lockfsm"
+)
+
+// stateCluster answers a Client's commands from a real lock state, one
+// entry per call, and hands grants made by hand-off to the Client's
+// waiters as the leader's notices would.
+type stateCluster struct {
+	mu    sync.Mutex
+	s     *lockfsm.State
+	index uint64
+	c     *Client
+}
+
+func (f *stateCluster) entry(cmds []lockfsm.Command) []lockfsm.Result {
+	f.mu.Lock()
+	f.index++
+	rs, gs := f.s.Apply(f.index, cmds)
+	if err := f.s.Verify(); err != nil {
+		panic(err)
+	}
+	f.mu.Unlock()
+	for _, g := range gs {
+		if g.HandOff {
+			f.c.Waiters().Wake(WaiterKey{Shard: 2, Session: g.Session, Req: g.Req}, g.Token)
+		}
+	}
+	return rs
+}
+
+func (f *stateCluster) apply(_ context.Context, _ uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
+	return f.entry([]lockfsm.Command{cmd})[0], nil
+}
+
+func (f *stateCluster) applyGroup(_ context.Context, _ uint64, cmds []lockfsm.Command) ([]lockfsm.Result, error) {
+	return f.entry(cmds), nil
+}
+
+func (f *stateCluster) readAttempt(_ context.Context, _, session, req uint64) (bool, lockfsm.RequestInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	info, ok := f.s.Request(session, req)
+	return ok, info, nil
+}
+
+// newStateClient is a Client over a stateCluster, on Go's clock (these
+// tests wait for grants, not for leases).
+func newStateClient(t *testing.T) (*Client, *stateCluster, context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	f := &stateCluster{s: lockfsm.New()}
+	f.c = New(Config{
+		Name: "p1", SessionTTL: time.Minute, LeaseMargin: time.Second, CloseTimeout: time.Second,
+		Clock: SystemClock{}, Log: slog.New(slog.DiscardHandler),
+		Apply: f.apply, ApplyGroup: f.applyGroup, ReadAttempt: f.readAttempt,
+		KeepAlive: func(context.Context, uint64, []uint64) ([]uint64, error) { return nil, nil },
+		Go: func(fn func(context.Context)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fn(ctx)
+			}()
+		},
+		Stop:   stop,
+		Labels: func() bool { return true },
+	})
+	t.Cleanup(func() {
+		close(stop)
+		cancel()
+		wg.Wait()
+	})
+	return f.c, f, ctx
+}
+
+func mustOwner(t *testing.T, c *Client) *Owner {
+	t.Helper()
+	o, err := c.NewOwner(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+var detail = Spec{Flags: lockfsm.FlagDetail | lockfsm.FlagDeadlock}
+
+// A reentrant Owner taking a key it holds gets the same grant with one
+// more hold; the last Leave says to release. Another kind, or a
+// non-reentrant Owner, is refused with AlreadyHeld.
+func TestReentrantOwner(t *testing.T) {
+	c, _, ctx := newStateClient(t)
+	o := mustOwner(t, c)
+	o.SetReentrant()
+	h1, _, err := o.Acquire(ctx, 2, "k", true, detail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, _, err := o.Acquire(ctx, 2, "k", true, detail)
+	if err != nil || h2 != h1 {
+		t.Fatalf("re-entry: %v, same grant %v", err, h2 == h1)
+	}
+	if _, _, err := o.Acquire(ctx, 2, "k", true, Spec{Kind: lockfsm.KindRead}); !errors.Is(err, lockerr.AlreadyHeld) {
+		t.Fatalf("re-entry as another kind: %v, want AlreadyHeld", err)
+	}
+	if h1.Leave() || !h1.Leave() {
+		t.Fatal("two holds must need two Leaves, the second the last")
+	}
+
+	plain := mustOwner(t, c)
+	if _, _, err := plain.Acquire(ctx, 2, "p", true, detail); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := plain.Acquire(ctx, 2, "p", true, detail); !errors.Is(err, lockerr.AlreadyHeld) {
+		t.Fatalf("re-entry without WithReentrant: %v, want AlreadyHeld", err)
+	}
+}
+
+// A refused try names the holders; the state machine's other refusals
+// come back as their sentinels.
+func TestRefusalsAreTyped(t *testing.T) {
+	c, f, ctx := newStateClient(t)
+	a, b := mustOwner(t, c), mustOwner(t, c)
+	held, _, err := a.Acquire(ctx, 2, "x", true, detail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = b.Acquire(ctx, 2, "x", false, detail)
+	var le *lockerr.LockedError
+	if !errors.As(err, &le) || !errors.Is(err, lockerr.Locked) || len(le.Holders) != 1 || le.Holders[0].Token != held.Token() || le.Holders[0].Label != a.Label() {
+		t.Fatalf("refused try: %v (%+v), want a LockedError naming the holder", err, le)
+	}
+	if _, _, err := b.Acquire(ctx, 2, "x", true, Spec{Kind: lockfsm.KindSemaphore, Limit: 2}); !errors.Is(err, lockerr.KindMismatch) {
+		t.Fatalf("semaphore on a mutex key: %v, want KindMismatch", err)
+	}
+	if _, _, err := a.Acquire(ctx, 2, "s", true, Spec{Kind: lockfsm.KindSemaphore, Limit: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.Acquire(ctx, 2, "s", true, Spec{Kind: lockfsm.KindSemaphore, Limit: 4}); !errors.Is(err, lockerr.LimitMismatch) {
+		t.Fatalf("semaphore of another size: %v, want LimitMismatch", err)
+	}
+	// b holds y and a waits for it; b waiting for x closes the cycle.
+	if _, _, err := b.Acquire(ctx, 2, "y", true, detail); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _, _, _ = a.Acquire(waitCtx, 2, "y", true, detail) }()
+	waitFor(t, func() bool { f.mu.Lock(); defer f.mu.Unlock(); info, _ := f.s.Key("y"); return len(info.Waiters) == 1 })
+	if _, _, err := b.Acquire(ctx, 2, "x", true, detail); !errors.Is(err, lockerr.Deadlock) {
+		t.Fatalf("b waiting for x while a waits for y: %v, want Deadlock", err)
+	}
+}
+
+// AcquireAll takes a group in one entry; a group that must wait is
+// granted whole by the release that frees its last key; a cancelled one
+// leaves nothing queued or held.
+func TestAcquireAll(t *testing.T) {
+	c, f, ctx := newStateClient(t)
+	a, b := mustOwner(t, c), mustOwner(t, c)
+	specs := []Spec{detail, detail, detail}
+	hs, _, err := a.AcquireAll(ctx, 2, []string{"x", "y", "z"}, specs, true)
+	if err != nil || len(hs) != 3 || !(hs[0].Token() < hs[1].Token() && hs[1].Token() < hs[2].Token()) {
+		t.Fatalf("AcquireAll: %v, %d grants", err, len(hs))
+	}
+	if _, _, err := b.AcquireAll(ctx, 2, []string{"w", "z"}, specs[:2], false); !errors.Is(err, lockerr.Locked) {
+		t.Fatalf("TryLockAll over a held key: %v, want Locked", err)
+	}
+	if info, ok := f.s.Key("w"); ok { // nothing runs in the background here
+		t.Fatalf("a refused group left w %+v", info)
+	}
+
+	got := make(chan []*Held, 1)
+	go func() {
+		hs, _, err := b.AcquireAll(ctx, 2, []string{"w", "z"}, specs[:2], true)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- hs
+	}()
+	waitFor(t, func() bool { f.mu.Lock(); defer f.mu.Unlock(); info, _ := f.s.Key("z"); return len(info.Waiters) == 1 })
+	if err := hs[2].Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case bh := <-got:
+		if len(bh) != 2 || bh[1].Token() <= hs[2].Token() {
+			t.Fatalf("the waiting group got %d grants", len(bh))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the group was not granted after its last key was released")
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := a.AcquireAll(cctx, 2, []string{"v", "w"}, specs[:2], true)
+		done <- err
+	}()
+	waitFor(t, func() bool { f.mu.Lock(); defer f.mu.Unlock(); info, _ := f.s.Key("w"); return len(info.Waiters) == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled AcquireAll: %v", err)
+	}
+	waitFor(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		_, v := f.s.Key("v")
+		info, _ := f.s.Key("w")
+		return !v && len(info.Waiters) == 0
+	})
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 30s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
