@@ -95,6 +95,9 @@ type config struct {
 	reportHeld time.Duration
 	// reportLeader is the key whose shard leader to report; empty for none.
 	reportLeader string
+	// probeFamily is the key a read lock is tried on every 100ms, with a
+	// family line each time the outcome changes; empty for none.
+	probeFamily string
 	// reportServing prints a serving line once Node.WaitServing returns.
 	reportServing bool
 
@@ -185,6 +188,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}()
 	} else {
 		close(reporting)
+	}
+	if cfg.probeFamily != "" && ctx.Err() == nil {
+		go probeFamily(ctx, n, cfg.probeFamily, stdout)
 	}
 	if cfg.lockOnUSR1 {
 		select {
@@ -308,6 +314,45 @@ func settled(shards []node.ShardInfo, members []node.Member, want int) bool {
 		hi = max(hi, c)
 	}
 	return hi-lo <= 1
+}
+
+// probeFamily tries a read lock of key (the lock family, feature level
+// 3) every 100ms until ctx ends, and prints "family ok" or "family
+// refused: <why>" each time the outcome changes: a cluster below level 3
+// refuses it, and once every peer speaks level 3 and the cluster was
+// raised, it is granted.
+func probeFamily(ctx context.Context, n *node.Node, key string, stdout io.Writer) {
+	s, err := n.NewSession(ctx)
+	if err != nil {
+		return
+	}
+	defer s.Close(context.Background())
+	last := ""
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		l, err := s.RWMutex(key).TryRLock(tctx)
+		cancel()
+		line := "family ok"
+		if err != nil {
+			line = "family refused: " + err.Error()
+		} else {
+			_ = l.Unlock(ctx)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if line != last {
+			fmt.Fprintln(stdout, line)
+			last = line
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // reportLeader prints a leader line for key's shard each time this peer's
@@ -454,6 +499,7 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.BoolVar(&cfg.version, "version", false, "print the release and the feature levels it speaks, and exit")
 	fs.BoolVar(&cfg.reportServing, "report-serving", false, "once ready, wait until every lock shard serves through this peer (Node.WaitServing) and print a serving line")
 	fs.StringVar(&cfg.reportLeader, "report-leader", "", "print a leader line whenever this peer's view of the leader of `key`'s shard changes")
+	fs.StringVar(&cfg.probeFamily, "probe-family", "", "try a read lock of `key` every 100ms and print a family line whenever the outcome changes (the lock family needs feature level 3)")
 
 	finish = func() error {
 		if cfg.version {

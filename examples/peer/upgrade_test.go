@@ -35,7 +35,10 @@ import (
 //  5. only when this tree speaks a newer feature level than the previous
 //     release: the clients of the previous release are upgraded too (the
 //     level rises only when every gossip member speaks it, client-only
-//     peers included); once the cluster's level is raised, s3 is started with
+//     peers included). Until then this tree's clients try a read/write
+//     lock (the lock family, level 3) every 100ms and must be refused,
+//     saying why, while mutexes go on; after the raise they must be
+//     granted one. Once the cluster's level is raised, s3 is started with
 //     the previous release on its upgraded data dir and must refuse to
 //     start or serve, saying on its own stderr why (a line naming the
 //     feature level). fc10b2a speaks levels 1 and 2 and this tree 1 to
@@ -157,7 +160,7 @@ func TestUpgradeFromPrevious(t *testing.T) {
 		key := keys[i/2]
 		clientArgs[cl] = append(args[cl], "-client", "-join", joinAllBut(""),
 			"-lock", key, "-loop", "1000000", "-hold", "30ms", "-report-held", "10ms")
-		u.running[cl] = c.startBin(bin, cl, clientArgs[cl]...)
+		u.running[cl] = c.startBin(bin, cl, u.withProbe(bin, clientArgs[cl])...)
 	}
 	for _, cl := range clients {
 		u.waitReady(cl)
@@ -189,10 +192,18 @@ func TestUpgradeFromPrevious(t *testing.T) {
 		// The level rises only once every member of the mesh speaks it,
 		// client-only peers too: upgrade those of the previous release.
 		u.phase("clients upgraded")
+		// While a peer of the previous release runs, the family is
+		// refused, saying why, and the mutexes went on meanwhile.
+		if u.familyOK > 0 {
+			t.Fatalf("a read/write lock was granted while peers of the previous release ran: %s", u.familyLines)
+		}
+		if u.familyRefused == 0 {
+			t.Fatalf("no client of this tree said the lock family was refused for want of feature level 3: %s", u.familyLines)
+		}
 		for i, cl := range clients {
 			if i%2 == 0 {
 				u.stop(cl)
-				u.running[cl] = c.startBin(newBin, cl, clientArgs[cl]...)
+				u.running[cl] = c.startBin(newBin, cl, u.withProbe(newBin, clientArgs[cl])...)
 				u.waitReady(cl)
 			}
 		}
@@ -208,6 +219,7 @@ func TestUpgradeFromPrevious(t *testing.T) {
 			return false
 		})
 		u.waitGrants(3, keys)
+		u.wait(30*time.Second, "a client of this tree to be granted a read/write lock after the raise", func() bool { return u.familyOK > 0 })
 		u.stop("s3")
 		old := c.startBin(oldBin, "s3", args["s3"]...)
 		u.running["s3"] = old
@@ -263,6 +275,11 @@ type upgrade struct {
 	probe   *replicaProbe
 	rpc     map[string]string // server name -> its -rpc address
 	shards  []uint64          // every shard of the cluster, meta included
+
+	// family lines of this tree's clients (-probe-family): how many said
+	// ok and how many said refused for want of feature level 3.
+	familyOK, familyRefused int
+	familyLines             []string
 }
 
 type phaseCount struct {
@@ -311,7 +328,24 @@ func (u *upgrade) note(e event) {
 	case "lost":
 		ph.lost++
 		ph.lostBy = append(ph.lostBy, e.p.name+": "+e.line)
+	case "family":
+		u.familyLines = append(u.familyLines, e.p.name+": "+e.line)
+		switch {
+		case f[1] == "ok":
+			u.familyOK++
+		case strings.Contains(e.line, "feature level 3"):
+			u.familyRefused++
+		}
 	}
+}
+
+// withProbe adds -probe-family to the args of this tree's binary; the
+// previous release has no such flag.
+func (u *upgrade) withProbe(bin string, args []string) []string {
+	if bin != u.newBin {
+		return args
+	}
+	return append(slices.Clone(args), "-probe-family", "probe")
 }
 
 // check fails the test on a process that exited unasked (a failed lock or
