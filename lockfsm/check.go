@@ -187,7 +187,7 @@ func (s *State) verifyKey(key string, k *lockKey) error {
 	if w := k.waiters(); len(w) > 0 {
 		sess := s.sessions[w[0].session]
 		at := sess.reqs[w[0].req]
-		if at.size == 0 && s.canGrant(k, at) || at.size != 0 && s.groupReady(sess, at.group, at.size) {
+		if at.size == 0 && s.canGrant(k, at) || at.size != 0 && s.groupReady(sess, at.first(w[0].req), at.size) {
 			return fmt.Errorf("key %q: its first waiter (%d,%d) could be granted", key, w[0].session, w[0].req)
 		}
 	}
@@ -203,19 +203,20 @@ func verifyAttempt(sess *session, req uint64, at *attempt) error {
 		return fmt.Errorf("%d permits for a %s attempt", at.permits, at.kind)
 	}
 	if at.size == 0 {
-		if at.group != 0 {
-			return fmt.Errorf("group %d without a size", at.group)
+		if at.offset != 0 {
+			return fmt.Errorf("place %d in no group", at.offset)
 		}
 		return nil
 	}
-	if at.size < 2 || at.size > MaxGroup || req < at.group || req-at.group >= uint64(at.size) {
-		return fmt.Errorf("not in its group of %d at %d", at.size, at.group)
+	first := at.first(req)
+	if at.size < 2 || at.size > MaxGroup || uint16(at.offset) >= at.size || req < uint64(at.offset) {
+		return fmt.Errorf("not in its group of %d at %d", at.size, first)
 	}
 	if at.state != ReqWaiting {
 		return nil
 	}
-	for r := at.group; r < at.group+uint64(at.size); r++ {
-		if m := sess.reqs[r]; m == nil || m.state != ReqWaiting || m.group != at.group || m.size != at.size {
+	for r := first; r < first+uint64(at.size); r++ {
+		if m := sess.reqs[r]; m == nil || m.state != ReqWaiting || m.first(r) != first || m.size != at.size {
 			return fmt.Errorf("waits while attempt %d of its group does not", r)
 		}
 	}

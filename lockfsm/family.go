@@ -279,7 +279,7 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 		// A retry: every attempt answers from its record.
 		for i := range group {
 			at := sess.reqs[group[i].Req]
-			if at == nil || at.size != first.Group || at.group != first.Req {
+			if at == nil || at.size != first.Group || at.first(group[i].Req) != first.Req {
 				results[i] = invalid(fmt.Sprintf("Acquire: request id %d does not continue the group at %d as recorded", group[i].Req, first.Req))
 				continue
 			}
@@ -319,7 +319,7 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 	for i := range group {
 		c := &group[i]
 		ats[i] = newAttempt(c)
-		ats[i].group, ats[i].size = first.Req, first.Group
+		ats[i].size, ats[i].offset = first.Group, uint8(i)
 		if keys[i] == nil {
 			keys[i] = newLockKey(limitOf(c), roleOf(c.Kind))
 			a.s.keys[c.Key] = keys[i]
@@ -346,7 +346,11 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 		}
 	default:
 		if first.Flags&FlagDeadlock != 0 {
-			if cycle := a.s.cycle(sess.id, keys); cycle != "" {
+			names := make([]string, len(group))
+			for i := range group {
+				names[i] = group[i].Key
+			}
+			if cycle := a.s.cycle(sess.id, names, keys); cycle != "" {
 				for i := range group {
 					sess.finish(group[i].Req, ats[i], ReqRejected)
 					results[i] = Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire of a group at %q: waiting would close a wait-for cycle: %s", first.Key, cycle)}
@@ -364,13 +368,13 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 }
 
 // cycle reports the wait-for cycle that session would close by waiting
-// on keys, or "" when there is none. An edge runs from a session to each
+// on keys (named names), or "" when there is none. An edge runs from a session to each
 // holder of a key it waits for; only waits made with FlagDeadlock count
 // (the new one does), and a semaphore's holders are no edges: a waiter
 // there needs some of them to release, not all, so a cycle through them
 // need not be a deadlock. The search is breadth-first in a fixed order,
 // so every replica finds the same cycle.
-func (s *State) cycle(session uint64, keys []*lockKey) string {
+func (s *State) cycle(session uint64, names []string, keys []*lockKey) string {
 	type hop struct {
 		from uint64 // the waiting session
 		key  string
@@ -393,17 +397,9 @@ func (s *State) cycle(session uint64, keys []*lockKey) string {
 		}
 		return false
 	}
-	keyName := func(k *lockKey) string {
-		for name, kk := range s.keys {
-			if kk == k {
-				return name
-			}
-		}
-		return ""
-	}
 	found := false
-	for _, k := range keys {
-		if found = visit(session, keyName(k), k); found {
+	for i, k := range keys {
+		if found = visit(session, names[i], k); found {
 			break
 		}
 	}

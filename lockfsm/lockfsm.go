@@ -323,22 +323,27 @@ func (r ReqState) live() bool { return r == ReqWaiting || r == ReqHeld }
 // attempt is one lock attempt (Session, Req) as remembered for dedup.
 type attempt struct {
 	key   string // "" for the tombstone of a Cancel that came before its Acquire
-	state ReqState
-	kind  Kind
-	// deadlock records FlagDeadlock: the attempt's session counts as one
-	// thread of control, so its waits are edges of the wait-for graph.
-	deadlock bool
-	// size is the number of attempts of its all-or-nothing group, whose
-	// first has the request id group; size 0 is no group.
-	size    uint16
-	permits uint32 // of a KindSemaphore attempt; 1 for every other
-	group   uint64
-	token   uint64 // token of the grant, once granted
+	token uint64 // token of the grant, once granted
 	// last is the highest Req of the session's commands that touched this
 	// attempt (its Acquire, Release or Cancel): the attempt is forgotten only
 	// once the client acknowledged all of them.
-	last uint64
+	last    uint64
+	permits uint32 // of a KindSemaphore attempt; 1 for every other
+	// size is the number of attempts of its all-or-nothing group, and
+	// offset its place in it: the group's request ids run from
+	// req-offset to req-offset+size-1. Size 0 is no group.
+	size   uint16
+	offset uint8
+	state  ReqState
+	kind   Kind
+	// deadlock records FlagDeadlock: the attempt's session counts as one
+	// thread of control, so its waits are edges of the wait-for graph.
+	deadlock bool
 }
+
+// first is the request id of the first attempt of the group of req, the
+// attempt at (req itself when it is in no group).
+func (at *attempt) first(req uint64) uint64 { return req - uint64(at.offset) }
 
 type session struct {
 	id      uint64
@@ -634,7 +639,7 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 		return res
 	}
 	if c.Flags&FlagDeadlock != 0 {
-		if cycle := a.s.cycle(sess.id, []*lockKey{k}); cycle != "" {
+		if cycle := a.s.cycle(sess.id, []string{c.Key}, []*lockKey{k}); cycle != "" {
 			sess.finish(c.Req, at, ReqRejected)
 			a.dropIfIdle(c.Key, k)
 			return Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire %q: waiting would close a wait-for cycle: %s", c.Key, cycle)}
@@ -706,10 +711,11 @@ func (a *applier) handOff(key string, k *lockKey) {
 				a.grant(key, k, sess, w.req, at, true)
 				continue
 			}
-			if !a.s.groupReady(sess, at.group, at.size) {
+			first := at.first(w.req)
+			if !a.s.groupReady(sess, first, at.size) {
 				break
 			}
-			for req := at.group; req < at.group+uint64(at.size); req++ {
+			for req := first; req < first+uint64(at.size); req++ {
 				m := sess.reqs[req]
 				mk := a.s.keys[m.key]
 				mk.popWaiter()
@@ -739,7 +745,7 @@ func (a *applier) unhold(sess *session, req uint64, at *attempt) {
 func (a *applier) unqueue(sess *session, req uint64, at *attempt) {
 	first, last := req, req
 	if at.size != 0 {
-		first, last = at.group, at.group+uint64(at.size)-1
+		first, last = at.first(req), at.first(req)+uint64(at.size)-1
 	}
 	for r := first; r <= last; r++ {
 		m := sess.reqs[r]

@@ -110,7 +110,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 			if atFields == attemptFields {
 				e.uint(uint64(at.kind))
 				e.uint(uint64(at.permits))
-				e.uint(at.group)
+				e.uint(at.first(req) * uint64(min(at.size, 1))) // the group's first request id; 0 for none
 				e.uint(uint64(at.size))
 				e.bool(at.deadlock)
 			}
@@ -293,9 +293,17 @@ func decodeSnapshot(b []byte) (*State, error) {
 			if atFields == attemptFields {
 				at.kind = Kind(d.uint("kind", math.MaxUint8))
 				at.permits = uint32(d.uint("permits", math.MaxUint32))
-				at.group = d.uint("group", math.MaxUint64)
+				group := d.uint("group", math.MaxUint64)
 				at.size = uint16(d.uint("size", math.MaxUint16))
 				at.deadlock = d.bool("deadlock")
+				switch {
+				case at.size == 0 && group != 0:
+					d.fail("attempt %d: group at %d without a size", req, group)
+				case at.size != 0 && (group > req || req-group >= uint64(min(at.size, MaxGroup))):
+					d.fail("attempt %d: not in its group of %d at %d", req, at.size, group)
+				case at.size != 0:
+					at.offset = uint8(req - group)
+				}
 			}
 			if d.err != nil {
 				return nil, d.err
