@@ -129,6 +129,12 @@ func (s *State) Verify() error {
 	if attempts != live {
 		return fmt.Errorf("%d live attempts in sessions, %d holders and waiters in keys", attempts, live)
 	}
+	for r, ms := range s.maxHold {
+		sess := s.sessions[r.session]
+		if ms == 0 || sess == nil || sess.reqs[r.req] == nil || !sess.reqs[r.req].state.live() {
+			return fmt.Errorf("maximum hold %dms kept for (%d,%d), which is not a live attempt", ms, r.session, r.req)
+		}
+	}
 	// Every holder and waiter is now known to be a live attempt of a live
 	// session, so the role rules can look them up.
 	for key, k := range s.keys {

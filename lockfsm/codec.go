@@ -56,7 +56,8 @@ const (
 	tagPermits
 	tagGroup
 	tagFlags
-	maxTag = tagFlags
+	tagMaxHold
+	maxTag = tagMaxHold
 )
 
 // EncodeCommands encodes a batch for one Raft entry in the newest format,
@@ -112,8 +113,9 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 }
 
 // MinCommandFormat is the oldest command format that can carry cmds:
-// FormatTagged when one uses a field of level 3 (a Label, Kind, Permits,
-// Group or Flags), else FormatPositional. A batch is
+// FormatTagged when one uses a field or op of level 3 (a Label, Kind,
+// Permits, Group, Flags or MaxHoldMillis; ExpireHold), else
+// FormatPositional. A batch is
 // written in at least this format even by a peer whose view of the
 // cluster's level still says 1: a Label is set only once level 3 is
 // committed (as are the lock family's fields), so every member reads
@@ -127,10 +129,10 @@ func MinCommandFormat(cmds []Command) byte {
 	return FormatPositional
 }
 
-// level3 reports whether c uses a field of feature level 3, which only
-// FormatTagged carries.
+// level3 reports whether c uses a field or op of feature level 3, which
+// only FormatTagged carries.
 func (c *Command) level3() bool {
-	return c.Label != 0 || c.Kind != 0 || c.Permits != 0 || c.Group != 0 || c.Flags != 0
+	return c.Label != 0 || c.Kind != 0 || c.Permits != 0 || c.Group != 0 || c.Flags != 0 || c.MaxHoldMillis != 0 || c.Op > OpLeaderTerm
 }
 
 func encodePositional(e *msgpack.Encoder, c *Command) {
@@ -154,7 +156,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 	for _, present := range [...]bool{
 		true, c.Session != 0, c.Req != 0, c.Ack != 0, c.Key != "", c.Wait,
 		c.Limit != 0, c.Target != 0, c.Owner != "", c.TTLMillis != 0, c.Term != 0, c.Label != 0,
-		c.Kind != 0, c.Permits != 0, c.Group != 0, c.Flags != 0,
+		c.Kind != 0, c.Permits != 0, c.Group != 0, c.Flags != 0, c.MaxHoldMillis != 0,
 	} {
 		if present {
 			n++
@@ -192,6 +194,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 	num(tagPermits, uint64(c.Permits))
 	num(tagGroup, uint64(c.Group))
 	num(tagFlags, uint64(c.Flags))
+	num(tagMaxHold, c.MaxHoldMillis)
 }
 
 // DecodeCommands decodes what EncodeCommands or EncodeCommandsFormat
@@ -312,6 +315,8 @@ func (d *decoder) tagged(c *Command) {
 			c.Group = uint16(d.nonzero("group", d.uint("group", math.MaxUint16)))
 		case tagFlags:
 			c.Flags = Flags(d.nonzero("flags", d.uint("flags", math.MaxUint8)))
+		case tagMaxHold:
+			c.MaxHoldMillis = d.nonzero("maxHoldMillis", d.uint("maxHoldMillis", math.MaxUint64))
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("lockfsm: decode commands: %w: field tag %d at byte %d, written by a newer release: upgrade this peer", ErrUnsupported, tag, d.pos)

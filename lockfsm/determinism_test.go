@@ -48,6 +48,7 @@ func TestRandomLogsExercise(t *testing.T) {
 	// The lock family: shared reads, semaphore permits held at once,
 	// groups granted whole at once and by hand-off.
 	sharedReads, semaphoreShared, groupsNow, groupsHandedOff := 0, 0, 0, 0
+	holdsExpired, holdExpiriesRefused := 0, 0
 	for seed := uint64(1); seed <= 50; seed++ {
 		r := rand.New(rand.NewPCG(seed, 7))
 		data := make([]byte, 2000)
@@ -72,6 +73,14 @@ func TestRandomLogsExercise(t *testing.T) {
 				}
 				if entry[i].Op == OpExpireSession && res.Status == StatusOK {
 					expiries++
+				}
+				if entry[i].Op == OpExpireHold {
+					switch res.Status {
+					case StatusReleased:
+						holdsExpired++
+					case StatusStaleTerm:
+						holdExpiriesRefused++
+					}
 				}
 			}
 			if len(gs) > immediate {
@@ -116,6 +125,9 @@ func TestRandomLogsExercise(t *testing.T) {
 	}
 	if handOffs == 0 || expiries == 0 {
 		t.Errorf("random logs made %d hand-off entries and %d expiries", handOffs, expiries)
+	}
+	if holdsExpired == 0 || holdExpiriesRefused == 0 {
+		t.Errorf("random logs ended %d holds with ExpireHold and refused %d of a stale term", holdsExpired, holdExpiriesRefused)
 	}
 	if sharedReads == 0 || semaphoreShared == 0 || groupsNow == 0 || groupsHandedOff == 0 {
 		t.Errorf("random logs held a read/write key by several readers %d times, a semaphore by several holders %d times, granted %d groups at once and %d by hand-off",

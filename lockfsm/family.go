@@ -332,6 +332,7 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 	switch {
 	case free:
 		for i := range group {
+			a.s.noteMaxHold(sess.id, &group[i])
 			a.grant(group[i].Key, keys[i], sess, group[i].Req, ats[i], false)
 			results[i] = Result{Status: StatusGranted, Token: ats[i].token}
 		}
@@ -360,6 +361,7 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 			}
 		}
 		for i := range group {
+			a.s.noteMaxHold(sess.id, &group[i])
 			a.enqueue(keys[i], sess, group[i].Req, ats[i])
 			results[i] = Result{Status: StatusQueued}
 		}

@@ -369,3 +369,66 @@ func TestUnits(t *testing.T) {
 		t.Fatalf("Units sizes %v, want %v", sizes, want)
 	}
 }
+
+// A hold with a maximum is ended by ExpireHold of the recorded term,
+// which hands the key on as a release would; a stale term, a hold without
+// a maximum or one already released change nothing.
+func TestExpireHold(t *testing.T) {
+	capped := func(sess, req uint64, key string) Command {
+		c := acq(sess, req, key, true)
+		c.MaxHoldMillis = 1000
+		return c
+	}
+	expireHold := func(sess, target, term uint64) Command {
+		return Command{Op: OpExpireHold, Session: sess, Target: target, Term: term}
+	}
+	runTable(t, []tcase{
+		{name: "expired in the recorded term, handed on", steps: []step{
+			one(leaderTerm(4), ok),
+			one(capped(A, 1, "x"), granted(1), g("x", A, 1, 1)),
+			one(acq(B, 1, "x", true), queued),
+			one(expireHold(A, 1, 3), staleTerm),
+			one(expireHold(A, 1, 4), released(1), handed("x", B, 1, 2)),
+			one(expireHold(A, 1, 4), notHeld),
+			one(rel(A, 1), okTok(1)),
+		}, check: func(t *testing.T, s *State) {
+			if mh := s.MaxHolds(); len(mh) != 0 {
+				t.Errorf("MaxHolds after the expiry: %+v", mh)
+			}
+		}},
+		{name: "a hold without a maximum is not ended", steps: []step{
+			one(leaderTerm(1), ok),
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(expireHold(A, 1, 1), notHeld),
+		}},
+		{name: "a waiter's maximum counts once it is granted", steps: []step{
+			one(leaderTerm(1), ok),
+			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
+			one(capped(B, 1, "x"), queued),
+			one(expireHold(B, 1, 1), notHeld),
+			one(rel(A, 1), okTok(1), handed("x", B, 1, 2)),
+		}, check: func(t *testing.T, s *State) {
+			if mh := s.MaxHolds(); len(mh) != 1 || mh[0] != (HoldInfo{Session: B, Req: 1, MaxHoldMillis: 1000}) {
+				t.Errorf("MaxHolds: %+v", mh)
+			}
+		}},
+	})
+	// The maximum travels in the tagged format only, and in snapshot 3.
+	c := Command{Op: OpAcquire, Session: 1, Req: 1, Key: "k", MaxHoldMillis: 5}
+	if _, err := EncodeCommandsFormat(FormatPositional, []Command{c}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("positional MaxHoldMillis: %v", err)
+	}
+	if _, err := EncodeCommandsFormat(FormatPositional, []Command{{Op: OpExpireHold, Session: 1, Target: 1, Term: 1}}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("positional ExpireHold: %v", err)
+	}
+	s := New()
+	s.Apply(1, []Command{{Op: OpOpenSession, Owner: "n", TTLMillis: 1000}})
+	s.Apply(2, []Command{c})
+	if s.MinSnapshotFormat() != 3 {
+		t.Error("a state with a maximum hold does not need format 3")
+	}
+	r := New()
+	if err := r.Load(bytes.NewReader(snapshot(t, s))); err != nil || !reflect.DeepEqual(r.MaxHolds(), s.MaxHolds()) {
+		t.Fatalf("a maximum hold did not survive a snapshot: %v %+v", err, r.MaxHolds())
+	}
+}

@@ -173,6 +173,7 @@ func queries(s *State) string {
 			fmt.Fprintf(&b, "  req %d %v %+v\n", req, ok, info)
 		}
 	}
+	fmt.Fprintf(&b, "maxHolds %+v\n", s.MaxHolds())
 	for _, k := range []string{"a", "b", "c", "dir/x", "zz", "r1", "r2", "s1", "m1", "m2"} { // the generators' keys
 		info, ok := s.Key(k)
 		fmt.Fprintf(&b, "key %q %v %+v\n", k, ok, info)
@@ -281,6 +282,7 @@ func genFamilyLog(data []byte) [][]Command {
 	var log [][]Command
 	ids := make([]uint64, 4)  // live session ids by slot; 0: to open
 	reqs := make([]uint64, 4) // last request id by slot
+	term := uint64(0)         // the last LeaderTerm proposed
 	for len(data) > 0 && len(log) < 300 {
 		index := uint64(len(log) + 1)
 		var entry []Command
@@ -301,12 +303,23 @@ func genFamilyLog(data []byte) [][]Command {
 			wait := b&0x20 != 0
 			flags := Flags(b>>6) & (FlagDetail | FlagDeadlock)
 			switch op := next() % 16; {
-			case op < 7: // one acquire
+			case op < 6: // one acquire, some with a maximum hold
 				k := keys[int(next())%len(keys)]
 				kind, limit, permits := k.kind(next())
 				reqs[slot]++
-				entry = append(entry, Command{Op: OpAcquire, Session: sess, Req: reqs[slot], Key: k.key, Wait: wait,
-					Kind: kind, Limit: limit, Permits: permits, Flags: flags})
+				c := Command{Op: OpAcquire, Session: sess, Req: reqs[slot], Key: k.key, Wait: wait,
+					Kind: kind, Limit: limit, Permits: permits, Flags: flags}
+				if b&0x10 != 0 {
+					c.MaxHoldMillis = 500
+				}
+				entry = append(entry, c)
+			case op < 7: // the leader: a new term, or a hold ended in this term or a stale one
+				if b&1 == 0 {
+					term++
+					entry = append(entry, Command{Op: OpLeaderTerm, Term: term})
+				} else {
+					entry = append(entry, Command{Op: OpExpireHold, Session: sess, Target: max(reqs[slot], 1) - uint64(next()%2), Term: term - uint64(next()%4/3)})
+				}
 			case op < 9: // a group of two or three keys
 				size := 2 + int(next()%2)
 				first := int(next())

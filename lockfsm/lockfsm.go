@@ -97,10 +97,15 @@ const (
 	// ExpireSession decided in that term applies. A leader commits it
 	// before it acknowledges any keepalive or expires any session.
 	OpLeaderTerm
+	// OpExpireHold ends the held attempt (Session, Target) because it was
+	// held for its MaxHoldMillis, as its leader decided in Term: it
+	// applies only if Term is the recorded leader term, as ExpireSession,
+	// and hands the key on as a release does. Feature level 3.
+	OpExpireHold
 
 	// maxOp is the highest op this release knows; decoders refuse higher
 	// ones with ErrUnsupported.
-	maxOp = OpLeaderTerm
+	maxOp = OpExpireHold
 )
 
 // String returns the op's name, or "Op(n)" for an unknown op.
@@ -120,6 +125,8 @@ func (o Op) String() string {
 		return "CloseSession"
 	case OpLeaderTerm:
 		return "LeaderTerm"
+	case OpExpireHold:
+		return "ExpireHold"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -175,6 +182,11 @@ type Command struct {
 	Group uint16
 	// Flags ask more of an Acquire: FlagDetail, FlagDeadlock.
 	Flags Flags
+	// MaxHoldMillis is the longest the attempt may hold its key once
+	// granted (Acquire; 0 is no limit): the shard's leader then ends the
+	// hold with ExpireHold, as if its session had expired. The state
+	// machine only stores it.
+	MaxHoldMillis uint64
 	// Term is the Raft term of the leader that decided the command
 	// (ExpireSession, LeaderTerm). An ExpireSession applies only if its
 	// Term is the leader term the state has recorded: a leader whose term
@@ -437,11 +449,17 @@ type State struct {
 	term     uint64
 	sessions map[uint64]*session
 	keys     map[string]*lockKey
+	// maxHold is the MaxHoldMillis of the live attempts that have one:
+	// few do, so it is kept beside the attempts rather than in each.
+	maxHold map[ref]uint64
 }
+
+// ref names an attempt.
+type ref struct{ session, req uint64 }
 
 // New returns an empty state at index 0 whose first grant gets token 1.
 func New() *State {
-	return &State{sessions: map[uint64]*session{}, keys: map[string]*lockKey{}}
+	return &State{sessions: map[uint64]*session{}, keys: map[string]*lockKey{}, maxHold: map[ref]uint64{}}
 }
 
 // Index returns the index of the last applied entry (0 before any).
@@ -532,7 +550,7 @@ func (a *applier) apply(c *Command) Result {
 		if c.Req == 0 {
 			return invalid("Acquire: request id must be > 0")
 		}
-	case OpRelease, OpCancel, OpExpireSession, OpCloseSession:
+	case OpRelease, OpCancel, OpExpireSession, OpCloseSession, OpExpireHold:
 	case OpLeaderTerm:
 		return a.leaderTerm(c)
 	default:
@@ -559,6 +577,16 @@ func (a *applier) apply(c *Command) Result {
 		}
 		a.endSession(sess)
 		return Result{Status: StatusOK}
+	case OpExpireHold:
+		if c.Term != a.s.term {
+			return Result{Status: StatusStaleTerm, Err: fmt.Sprintf("ExpireHold: decided in term %d, the shard's leader term is %d", c.Term, a.s.term)}
+		}
+		at := sess.reqs[c.Target]
+		if at == nil || at.state != ReqHeld || a.s.maxHold[ref{sess.id, c.Target}] == 0 {
+			return Result{Status: StatusNotHeld}
+		}
+		a.unhold(sess, c.Target, at)
+		return Result{Status: StatusReleased, Token: at.token}
 	default: // OpCloseSession
 		a.endSession(sess)
 		return Result{Status: StatusOK}
@@ -626,6 +654,7 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 		a.s.keys[c.Key] = k
 	}
 	if len(k.waiters()) == 0 && a.s.canGrant(k, at) {
+		a.s.noteMaxHold(sess.id, c)
 		a.grant(c.Key, k, sess, c.Req, at, false)
 		return Result{Status: StatusGranted, Token: at.token}
 	}
@@ -645,8 +674,17 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 			return Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire %q: waiting would close a wait-for cycle: %s", c.Key, cycle)}
 		}
 	}
+	a.s.noteMaxHold(sess.id, c)
 	a.enqueue(k, sess, c.Req, at)
 	return Result{Status: StatusQueued}
+}
+
+// noteMaxHold records the MaxHoldMillis of c, a new live attempt of
+// session.
+func (s *State) noteMaxHold(session uint64, c *Command) {
+	if c.MaxHoldMillis != 0 {
+		s.maxHold[ref{session, c.Req}] = c.MaxHoldMillis
+	}
 }
 
 // repeat answers an Acquire whose attempt exists: a retry.
@@ -732,6 +770,7 @@ func (a *applier) handOff(key string, k *lockKey) {
 
 // unhold removes the held attempt (sess, req) from its key and hands off.
 func (a *applier) unhold(sess *session, req uint64, at *attempt) {
+	delete(a.s.maxHold, ref{sess.id, req})
 	k := a.s.keys[at.key]
 	k.holders = slices.DeleteFunc(k.holders, func(h slot) bool { return h.session == sess.id && h.req == req })
 	sess.held--
@@ -754,6 +793,7 @@ func (a *applier) unqueue(sess *session, req uint64, at *attempt) {
 		}
 		k := a.s.keys[m.key]
 		k.unqueue(sess.id, r)
+		delete(a.s.maxHold, ref{sess.id, r})
 		sess.waiting--
 		sess.finish(r, m, ReqCancelled)
 		// A waiter leaving frees no capacity, but it may have been the
@@ -832,6 +872,7 @@ func (a *applier) endSession(sess *session) {
 		if at := sess.reqs[req]; at.state == ReqWaiting {
 			k := a.s.keys[at.key]
 			k.unqueue(sess.id, req)
+			delete(a.s.maxHold, ref{sess.id, req})
 			sess.waiting--
 			at.state = ReqCancelled
 			if k.idle() {

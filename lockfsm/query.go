@@ -148,3 +148,25 @@ func (s *State) Stats() Stats {
 	}
 	return st
 }
+
+// HoldInfo is a held lock with a maximum hold time (Command.MaxHoldMillis).
+type HoldInfo struct {
+	Session, Req  uint64
+	MaxHoldMillis uint64
+}
+
+// MaxHolds returns the held attempts that have a maximum hold time, sorted
+// by session and request id. The leader times them and ends them with
+// ExpireHold.
+func (s *State) MaxHolds() []HoldInfo {
+	var out []HoldInfo
+	for r, ms := range s.maxHold {
+		if at := s.sessions[r.session].reqs[r.req]; at.state == ReqHeld {
+			out = append(out, HoldInfo{Session: r.session, Req: r.req, MaxHoldMillis: ms})
+		}
+	}
+	slices.SortFunc(out, func(a, b HoldInfo) int {
+		return cmp.Or(cmp.Compare(a.Session, b.Session), cmp.Compare(a.Req, b.Req))
+	})
+	return out
+}

@@ -18,7 +18,7 @@ import (
 //
 //	[index, lastToken, term, sessions, keys]
 //	session: [id, owner, ttlMillis, ack, attempts, label]   sessions sorted by id
-//	attempt: [req, key, state, token, last, kind, permits, group, size, deadlock]
+//	attempt: [req, key, state, token, last, kind, permits, group, size, deadlock, maxHoldMillis]
 //	                                                 attempts sorted by req
 //	key:     [key, limit, holders, waiters, role]    keys sorted by bytes
 //	holder:  [session, req, token]                   in grant order
@@ -39,7 +39,7 @@ const (
 	snapshotFieldsV1 = 4
 	sessionFields    = 6
 	sessionFieldsV2  = 5
-	attemptFields    = 10
+	attemptFields    = 11
 	attemptFieldsV2  = 5
 	keyFields        = 5
 	keyFieldsV2      = 4
@@ -113,6 +113,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 				e.uint(at.first(req) * uint64(min(at.size, 1))) // the group's first request id; 0 for none
 				e.uint(uint64(at.size))
 				e.bool(at.deadlock)
+				e.uint(s.maxHold[ref{sess.id, req}])
 			}
 		}
 		if fields == sessionFields {
@@ -178,6 +179,9 @@ func (s *State) MinSnapshotFormat() byte {
 		if k.role != roleMutex {
 			return 3
 		}
+	}
+	if len(s.maxHold) > 0 {
+		return 3
 	}
 	return 2
 }
@@ -303,6 +307,12 @@ func decodeSnapshot(b []byte) (*State, error) {
 					d.fail("attempt %d: not in its group of %d at %d", req, at.size, group)
 				case at.size != 0:
 					at.offset = uint8(req - group)
+				}
+				if mh := d.uint("maxHoldMillis", math.MaxUint64); mh != 0 {
+					if !at.state.live() {
+						d.fail("attempt %d: a maximum hold kept for a %v attempt", req, at.state)
+					}
+					s.maxHold[ref{sess.id, req}] = mh
 				}
 			}
 			if d.err != nil {

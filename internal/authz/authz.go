@@ -12,8 +12,8 @@
 //
 // The rules:
 //
-//  1. Leader-only commands never come from the network: ExpireSession and
-//     LeaderTerm are proposed by a shard's leader on its own replica. One
+//  1. Leader-only commands never come from the network: ExpireSession,
+//     ExpireHold and LeaderTerm are proposed by a shard's leader on its own replica. One
 //     forwarded by anyone, a member included, is refused (a LeaderTerm
 //     with a huge term would freeze a shard's expiries for ever).
 //  2. A session's TTL is at most MaxSessionTTL, and a shard holds at most
@@ -152,7 +152,7 @@ func Commands(c Caller, cmds []lockfsm.Command, s Sessions) error {
 	for i := range cmds {
 		cmd := &cmds[i]
 		switch cmd.Op {
-		case lockfsm.OpExpireSession, lockfsm.OpLeaderTerm:
+		case lockfsm.OpExpireSession, lockfsm.OpLeaderTerm, lockfsm.OpExpireHold:
 			return forbidden("%s is proposed only by the shard's leader on its own replica, never over the network", cmd.Op)
 		case lockfsm.OpOpenSession:
 			if ttl := time.Duration(cmd.TTLMillis) * time.Millisecond; cmd.TTLMillis > uint64(MaxSessionTTL/time.Millisecond) {

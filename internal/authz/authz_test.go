@@ -67,6 +67,8 @@ func TestCommands(t *testing.T) {
 		{"leader term from a member", api1, []lockfsm.Command{{Op: lockfsm.OpLeaderTerm, Term: 1 << 62}}, sessions, false},
 		{"leader term, anonymous", anon, []lockfsm.Command{{Op: lockfsm.OpLeaderTerm, Term: 2}}, sessions, false},
 		{"expire, anonymous", anon, []lockfsm.Command{on(lockfsm.OpExpireSession, 7)}, sessions, false},
+		{"hold expiry, even of its own session", api1, []lockfsm.Command{on(lockfsm.OpExpireHold, 7)}, sessions, false},
+		{"hold expiry, anonymous", anon, []lockfsm.Command{on(lockfsm.OpExpireHold, 7)}, sessions, false},
 		{"expire after a valid acquire", api1, []lockfsm.Command{on(lockfsm.OpAcquire, 7), on(lockfsm.OpExpireSession, 8)}, sessions, false},
 		{"open for itself", api1, []lockfsm.Command{open("api-1", 10_000)}, sessions, true},
 		{"open at the TTL limit", api1, []lockfsm.Command{open("api-1", 3_600_000)}, sessions, true},

@@ -219,7 +219,7 @@ func (r *Router) propose1(ctx context.Context, shard uint64, cmds []lockfsm.Comm
 // its own replica, never forwarded (internal/authz refuses it from the
 // network).
 func leaderOnly(op lockfsm.Op) bool {
-	return op == lockfsm.OpLeaderTerm || op == lockfsm.OpExpireSession
+	return op == lockfsm.OpLeaderTerm || op == lockfsm.OpExpireSession || op == lockfsm.OpExpireHold
 }
 
 // Apply runs cmd on shard and returns its result: Propose, retried with
