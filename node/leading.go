@@ -64,7 +64,7 @@ func (h leaderHost) ReadSessions(ctx context.Context, shard uint64) (lease.State
 	if err != nil {
 		return lease.State{}, err
 	}
-	return lease.State{Term: a.Term, Sessions: a.Sessions}, nil
+	return lease.State{Term: a.Term, Sessions: a.Sessions, Holds: a.Holds}, nil
 }
 
 // StaleSessions reads shard's sessions from the local replica as it is.
@@ -77,5 +77,5 @@ func (h leaderHost) StaleSessions(shard uint64) (lease.State, error) {
 	if !ok {
 		return lease.State{}, fmt.Errorf("shard %d answered %T", shard, v)
 	}
-	return lease.State{Term: a.Term, Sessions: a.Sessions}, nil
+	return lease.State{Term: a.Term, Sessions: a.Sessions, Holds: a.Holds}, nil
 }

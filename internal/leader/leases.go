@@ -3,6 +3,7 @@ package leader
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"time"
 
@@ -98,7 +99,37 @@ func (s *Sessions) expireLapsed(ctx context.Context) {
 		if len(d.Sessions) > 0 {
 			s.goFunc(func() { s.expireSessions(ctx, shard, d.Term, d.Sessions) })
 		}
+		if len(d.Holds) > 0 {
+			s.goFunc(func() { s.expireHolds(ctx, shard, d.Term, d.Holds) })
+		}
 	}
+}
+
+// expireHolds proposes, decided in term, the end of holds of shard that
+// were held for their maximum, at most maxExpiries at once.
+func (s *Sessions) expireHolds(ctx context.Context, shard, term uint64, holds []lockfsm.HoldInfo) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.SessionTTL)
+	defer cancel()
+	slots := make(chan struct{}, maxExpiries)
+	var wg sync.WaitGroup
+	for _, h := range holds {
+		s.log.Info("ending a hold at its maximum", "shard", shard, "term", term, "session", h.Session, "req", h.Req, "max_hold", millis(h.MaxHoldMillis))
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			res, err := s.host.Apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpExpireHold, Session: h.Session, Target: h.Req, Term: term})
+			if err == nil && res.Status == lockfsm.StatusStaleTerm {
+				s.log.Info("hold expiry refused: decided in a term that has ended", "shard", shard, "session", h.Session, "err", res.Err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// millis is ms milliseconds as a Duration, for logs.
+func millis(ms uint64) time.Duration {
+	return time.Duration(min(ms, math.MaxInt64/uint64(time.Millisecond))) * time.Millisecond
 }
 
 // maxExpiries bounds the ExpireSession proposals of one shard's round in

@@ -236,3 +236,28 @@ func TestRunRecordsTheTermWhenElected(t *testing.T) {
 	cancel()
 	<-ran
 }
+
+// A timed hold is ended by ExpireHold stamped with the leader's term,
+// its maximum after the leader first saw it, and once.
+func TestExpiryEndsHoldsAtTheirMaximum(t *testing.T) {
+	const term = 5
+	f := newFixture(t)
+	f.elect(shard, term)
+	h := lockfsm.HoldInfo{Session: 1, Req: 3, MaxHoldMillis: 1500}
+	f.h.setState(shard, lease.State{Term: term, Sessions: sessions(1, 1), Holds: []lockfsm.HoldInfo{h}})
+	if got := f.expireRound(); len(got) != 0 {
+		t.Fatalf("the round that first sees the hold proposed %v", got)
+	}
+	f.clock.set(t0.Add(1500*time.Millisecond - time.Nanosecond))
+	if got := f.expireRound(); len(got) != 0 {
+		t.Fatalf("a round before the maximum proposed %v", got)
+	}
+	f.clock.set(t0.Add(1500 * time.Millisecond))
+	want := []proposal{{shard, lockfsm.Command{Op: lockfsm.OpExpireHold, Session: 1, Target: 3, Term: term}}}
+	if got := f.expireRound(); !slices.Equal(got, want) {
+		t.Fatalf("the round at the maximum proposed %v, want %v", got, want)
+	}
+	if got := f.expireRound(); len(got) != 0 {
+		t.Fatalf("a later round proposed %v; the hold is being ended already", got)
+	}
+}

@@ -70,6 +70,8 @@ type Options struct {
 type State struct {
 	Term     uint64
 	Sessions []lockfsm.SessionInfo
+	// Holds are the held locks that have a maximum hold time.
+	Holds []lockfsm.HoldInfo
 }
 
 // Expiry is what Lapsed decided for one shard.
@@ -86,6 +88,12 @@ type Expiry struct {
 	// ExpireSession for each. The table never acknowledges them again in
 	// Term (rule 3).
 	Sessions []lockfsm.SessionInfo
+	// Holds have been held for their maximum: the caller proposes
+	// ExpireHold for each, stamped with Term. A hold's time counts from
+	// when this leader first saw it in its replica's state, which is
+	// after it was granted, so never before the holder's own count,
+	// which starts before it asked (the hold rule of docs/SAFETY.md).
+	Holds []lockfsm.HoldInfo
 }
 
 // Table is the leader-side lease table of one peer, for every shard it
@@ -107,10 +115,18 @@ type shardLeases struct {
 	expiring map[uint64]bool      // sessions being expired: never acknowledged again
 	// recording is set while a LeaderTerm proposal for term is in flight.
 	recording bool
+	// holdSeen is when this leader first saw each timed hold; holdEnding
+	// those it asked to end.
+	holdSeen   map[hold]time.Time
+	holdEnding map[hold]bool
 }
 
+// hold names a held attempt.
+type hold struct{ session, req uint64 }
+
 func newShardLeases(term uint64, now time.Time) *shardLeases {
-	return &shardLeases{term: term, since: now, lastSeen: map[uint64]time.Time{}, expiring: map[uint64]bool{}}
+	return &shardLeases{term: term, since: now, lastSeen: map[uint64]time.Time{}, expiring: map[uint64]bool{},
+		holdSeen: map[hold]time.Time{}, holdEnding: map[hold]bool{}}
 }
 
 // New returns an empty table.
@@ -276,7 +292,44 @@ func (t *Table) Lapsed(shard uint64, st State, now time.Time) Expiry {
 			delete(s.expiring, id)
 		}
 	}
+	d.Holds = s.endedHolds(st.Holds, now)
 	return d
+}
+
+// endedHolds returns the holds of held that have been held for their
+// maximum since this leader first saw them, and forgets those held no
+// longer lists.
+func (s *shardLeases) endedHolds(held []lockfsm.HoldInfo, now time.Time) []lockfsm.HoldInfo {
+	var ended []lockfsm.HoldInfo
+	live := make(map[hold]bool, len(held))
+	for _, h := range held {
+		k := hold{h.Session, h.Req}
+		live[k] = true
+		seen, ok := s.holdSeen[k]
+		if !ok {
+			seen = now
+			s.holdSeen[k] = seen
+		}
+		if !s.holdEnding[k] && now.Sub(seen) >= millis(h.MaxHoldMillis) {
+			s.holdEnding[k] = true
+			ended = append(ended, h)
+		}
+	}
+	for k := range s.holdSeen {
+		if !live[k] {
+			delete(s.holdSeen, k)
+			delete(s.holdEnding, k)
+		}
+	}
+	return ended
+}
+
+// millis is ms milliseconds, or the longest Duration when that is longer.
+func millis(ms uint64) time.Duration {
+	if ms > math.MaxInt64/uint64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // RecordingDone tells the table that the LeaderTerm proposal for term that

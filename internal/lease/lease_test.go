@@ -453,3 +453,55 @@ func TestConcurrentUse(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A timed hold ends its maximum after this leader first saw it, once,
+// only in the recorded term; one released meanwhile is forgotten, and a
+// new leader counts from when it first sees the hold, never earlier.
+func TestHoldsEndAfterTheirMaximum(t *testing.T) {
+	tb := elected(t, 3, t0)
+	h := lockfsm.HoldInfo{Session: 1, Req: 4, MaxHoldMillis: 2000}
+	st := state(3, 1)
+	st.Holds = []lockfsm.HoldInfo{h}
+	holds := func(now time.Time) []lockfsm.HoldInfo {
+		t.Helper()
+		d := tb.Lapsed(shard, st, now)
+		if d.RecordTerm || d.Term != 3 {
+			t.Fatalf("at %v: %+v", now.Sub(t0), d)
+		}
+		return d.Holds
+	}
+	if got := holds(at(time.Second)); len(got) != 0 { // first seen at 1s
+		t.Fatalf("ended at once: %+v", got)
+	}
+	if got := holds(at(3*time.Second - nano)); len(got) != 0 {
+		t.Fatalf("ended before its maximum: %+v", got)
+	}
+	if got := holds(at(3 * time.Second)); len(got) != 1 || got[0] != h {
+		t.Fatalf("at its maximum: %+v, want the hold", got)
+	}
+	if got := holds(at(4 * time.Second)); len(got) != 0 {
+		t.Fatalf("asked to end twice: %+v", got)
+	}
+	// Released, then seen again under the same name: forgotten and counted anew.
+	st.Holds = nil
+	holds(at(5 * time.Second))
+	st.Holds = []lockfsm.HoldInfo{h}
+	if got := holds(at(6 * time.Second)); len(got) != 0 {
+		t.Fatalf("a hold seen again ended at once: %+v", got)
+	}
+
+	// Before its term is recorded a leader ends nothing.
+	tb2 := elected(t, 4, at(10*time.Second))
+	d := tb2.Lapsed(shard, st, at(20*time.Second))
+	if !d.RecordTerm || len(d.Holds) != 0 {
+		t.Fatalf("unrecorded term: %+v", d)
+	}
+	// A new leader counts from its first sight of the hold.
+	st.Term = 4
+	if got := tb2.Lapsed(shard, st, at(21*time.Second)).Holds; len(got) != 0 {
+		t.Fatalf("a new leader ended a hold at first sight: %+v", got)
+	}
+	if got := tb2.Lapsed(shard, st, at(23*time.Second)).Holds; len(got) != 1 {
+		t.Fatalf("a new leader did not end the hold 2s after first sight: %+v", got)
+	}
+}

@@ -141,7 +141,7 @@ type Query struct {
 const (
 	QueryRequest  uint8 = iota + 1 // the state of request Req of Session
 	QueryKey                       // Key's holders and waiters
-	QuerySessions                  // every session, and the recorded term
+	QuerySessions                  // every session, the recorded term and the timed holds
 )
 
 // Answer is Lookup's reply to a Query.
@@ -153,6 +153,9 @@ type Answer struct {
 	Sessions     []lockfsm.SessionInfo `msgpack:"ss"`
 	// Term is the leader term the state has recorded (QuerySessions).
 	Term uint64 `msgpack:"t"`
+	// Holds are the held locks with a maximum hold time (QuerySessions);
+	// left out when there are none, as below feature level 3.
+	Holds []lockfsm.HoldInfo `msgpack:"mh,omitempty"`
 }
 
 // Lookup answers a Query with an Answer, or runs a StateReader. A halted
@@ -175,7 +178,7 @@ func (s *Lock) Lookup(q any) (any, error) {
 	case QueryKey:
 		a.Key, a.KeyFound = s.state.Key(lq.Key)
 	case QuerySessions:
-		a.Sessions, a.Term = s.state.Sessions(), s.state.Term()
+		a.Sessions, a.Term, a.Holds = s.state.Sessions(), s.state.Term(), s.state.MaxHolds()
 	default:
 		return nil, fmt.Errorf("shard %d: unknown query kind %d", s.shard, lq.Kind)
 	}
