@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/lockmesh/lockmesh/node"
 )
@@ -165,4 +166,25 @@ func ExampleWithReentrant() {
 	// same grant: true
 	// still held: true
 	// released: true
+}
+
+// A lock with a maximum hold: the cluster takes it back after d even
+// while the session lives, and the holder's Done closes first.
+func ExampleWithMaxHold() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+	s, err := n.NewSession(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close(ctx)
+
+	l, err := s.Lock(ctx, "nightly-job", node.WithMaxHold(4*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	<-l.Done() // a wedged job would never get here on its own
+	fmt.Println(errors.Is(l.Err(), node.ErrLeaseExpired), s.Err() == nil)
+	// Output: true true
 }

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
@@ -86,6 +87,51 @@ func (n *Node) familyLevel(what string) error {
 		ErrIncompatible, what, labelLevel, n.clusterLevel())
 }
 
+// LockOption configures one lock call (Lock, TryLock, RLock, Acquire and
+// their Try forms).
+type LockOption func(*lockOptions)
+
+type lockOptions struct {
+	maxHold time.Duration
+}
+
+// MaxHold is the longest maximum hold WithMaxHold accepts.
+const MaxHold = 24 * time.Hour
+
+// WithMaxHold bounds how long the lock may be held: d after it was asked
+// for (or, for a waiter, after it last saw it was still waiting), the
+// cluster takes it back exactly as if its session had expired, even while
+// the session's keepalives still run, so a process stuck in a loop or a
+// GC spiral cannot hold a key for ever. As with a lost lease, the
+// holder's Done closes first, a margin before (LeaseMargin, or d/10 if
+// that is longer), with Err wrapping ErrLeaseExpired; the release is then
+// sent at once. d must be at least 40 RTT and more than twice
+// LeaseMargin, and at most MaxHold. The session's other locks are not
+// affected. A reentrant re-lock keeps the first lock's maximum. Needs
+// feature level 3.
+func WithMaxHold(d time.Duration) LockOption {
+	return func(o *lockOptions) { o.maxHold = d }
+}
+
+// spec applies opts to spec, checking them against n's config.
+func (n *Node) spec(spec client.Spec, opts []LockOption) (client.Spec, error) {
+	var o lockOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.maxHold == 0 {
+		return spec, nil
+	}
+	if least := max(40*n.cfg.RTT, 2*n.cfg.LeaseMargin+time.Millisecond); o.maxHold < least || o.maxHold > MaxHold {
+		return spec, fmt.Errorf("%w: WithMaxHold(%v): a maximum hold is %v (40 RTT, and more than twice LeaseMargin) to %v", ErrInvalidArgument, o.maxHold, least, MaxHold)
+	}
+	if err := n.familyLevel("maximum hold times"); err != nil {
+		return spec, err
+	}
+	spec.MaxHold = o.maxHold
+	return spec, nil
+}
+
 // RWMutex is a read/write lock on one key for a Session, as etcd's
 // recipe and Curator's InterProcessReadWriteLock: any number of readers
 // or one writer. It is fair: a queued writer blocks the readers that
@@ -108,33 +154,33 @@ func (s *Session) RWMutex(key string) *RWMutex { return &RWMutex{s: s, key: key}
 // RLock blocks until the key is granted to this session for reading,
 // behind any writer that holds it or waits for it, and returns the held
 // read lock. ctx ends the wait as for Node.Lock.
-func (m *RWMutex) RLock(ctx context.Context) (*Lock, error) {
-	return m.lock(ctx, lockfsm.KindRead, true)
+func (m *RWMutex) RLock(ctx context.Context, opts ...LockOption) (*Lock, error) {
+	return m.lock(ctx, lockfsm.KindRead, true, opts)
 }
 
 // TryRLock takes the key for reading if no writer holds or waits for it,
 // and otherwise fails at once with a *LockedError.
-func (m *RWMutex) TryRLock(ctx context.Context) (*Lock, error) {
-	return m.lock(ctx, lockfsm.KindRead, false)
+func (m *RWMutex) TryRLock(ctx context.Context, opts ...LockOption) (*Lock, error) {
+	return m.lock(ctx, lockfsm.KindRead, false, opts)
 }
 
 // Lock blocks until the key is granted to this session for writing: no
 // reader or writer holds it. It queues behind those that came first.
-func (m *RWMutex) Lock(ctx context.Context) (*Lock, error) {
-	return m.lock(ctx, lockfsm.KindWrite, true)
+func (m *RWMutex) Lock(ctx context.Context, opts ...LockOption) (*Lock, error) {
+	return m.lock(ctx, lockfsm.KindWrite, true, opts)
 }
 
 // TryLock takes the key for writing if nobody holds or waits for it, and
 // otherwise fails at once with a *LockedError.
-func (m *RWMutex) TryLock(ctx context.Context) (*Lock, error) {
-	return m.lock(ctx, lockfsm.KindWrite, false)
+func (m *RWMutex) TryLock(ctx context.Context, opts ...LockOption) (*Lock, error) {
+	return m.lock(ctx, lockfsm.KindWrite, false, opts)
 }
 
-func (m *RWMutex) lock(ctx context.Context, kind lockfsm.Kind, wait bool) (*Lock, error) {
+func (m *RWMutex) lock(ctx context.Context, kind lockfsm.Kind, wait bool, opts []LockOption) (*Lock, error) {
 	if err := m.s.n.familyLevel("read/write locks"); err != nil {
 		return nil, err
 	}
-	return m.s.acquire(ctx, m.key, wait, client.Spec{Kind: kind})
+	return m.s.acquire(ctx, m.key, wait, client.Spec{Kind: kind}, opts)
 }
 
 // Semaphore is a counting semaphore on one key for a Session: at most
@@ -164,17 +210,17 @@ func (s *Session) Semaphore(key string, permits int) *Semaphore {
 // Acquire blocks until n permits are granted to this session and returns
 // them as one held *Lock, whose Unlock or Release gives all n back. ctx
 // ends the wait as for Node.Lock.
-func (m *Semaphore) Acquire(ctx context.Context, n int) (*Lock, error) {
-	return m.acquire(ctx, n, true)
+func (m *Semaphore) Acquire(ctx context.Context, n int, opts ...LockOption) (*Lock, error) {
+	return m.acquire(ctx, n, true, opts)
 }
 
 // TryAcquire takes n permits if they are free and nobody waits before
 // it, and otherwise fails at once with a *LockedError naming the holders.
-func (m *Semaphore) TryAcquire(ctx context.Context, n int) (*Lock, error) {
-	return m.acquire(ctx, n, false)
+func (m *Semaphore) TryAcquire(ctx context.Context, n int, opts ...LockOption) (*Lock, error) {
+	return m.acquire(ctx, n, false, opts)
 }
 
-func (m *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Lock, error) {
+func (m *Semaphore) acquire(ctx context.Context, n int, wait bool, opts []LockOption) (*Lock, error) {
 	switch {
 	case m.permits <= 0 || m.permits > 1<<31-1:
 		return nil, fmt.Errorf("%w: semaphore %q: %d permits; a semaphore has 1 to %d", ErrInvalidArgument, m.key, m.permits, 1<<31-1)
@@ -186,7 +232,7 @@ func (m *Semaphore) acquire(ctx context.Context, n int, wait bool) (*Lock, error
 	if err := m.s.n.familyLevel("semaphores"); err != nil {
 		return nil, err
 	}
-	return m.s.acquire(ctx, m.key, wait, client.Spec{Kind: lockfsm.KindSemaphore, Limit: uint32(m.permits), Permits: uint32(n)})
+	return m.s.acquire(ctx, m.key, wait, client.Spec{Kind: lockfsm.KindSemaphore, Limit: uint32(m.permits), Permits: uint32(n)}, opts)
 }
 
 // MaxLockAll is the most keys one LockAll takes.

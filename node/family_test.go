@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -270,4 +271,104 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// WithMaxHold: the holder's Done closes a margin before the maximum, the
+// key passes on after it, and the session and its other locks go on. A
+// holder cut off from the cluster cannot send its release: the leader
+// ends the hold with ExpireHold at the maximum, long before the session's
+// TTL would.
+func TestMaxHold(t *testing.T) {
+	logs := newLogRecorder()
+	fc := startFaultCluster(t, faultOpts{ttl: 10 * time.Second, mutate: func(cfg *Config) { cfg.Logger = slog.New(logs) }})
+	holderPeer, waiterPeer := fc.peers[0], fc.peers[1]
+	ctx := ctxT(t, 2*time.Minute)
+	s, err := holderPeer.node().NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lock(ctx, "mh/x", WithMaxHold(time.Second)); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("WithMaxHold below twice LeaseMargin: %v, want ErrInvalidArgument", err)
+	}
+	other, err := s.Lock(ctx, "mh/other")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// waitGranted queues the waiter for key and returns its grant, and
+	// whether holder's Done was closed when the grant came back (the
+	// lease rule: the holder gives up first).
+	type g struct {
+		l          *Lock
+		at         time.Time
+		holderDone bool
+	}
+	queue := func(key string, holder *Lock) <-chan g {
+		got := make(chan g, 1)
+		go func() {
+			l, err := waiterPeer.node().Lock(ctx, key)
+			if err != nil {
+				t.Error(err)
+			}
+			r := g{l: l, at: time.Now()}
+			select {
+			case <-holder.Done():
+				r.holderDone = true
+			default:
+			}
+			got <- r
+		}()
+		waitQueued(t, waiterPeer.node(), key, 1)
+		return got
+	}
+
+	l, err := s.Lock(ctx, "mh/a", WithMaxHold(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-queue("mh/a", l)
+	if r.l == nil {
+		t.FailNow()
+	}
+	if !errors.Is(l.Err(), ErrLeaseExpired) || !strings.Contains(l.Err().Error(), "maximum") {
+		t.Fatalf("the capped lock ended with %v, want ErrLeaseExpired naming the maximum", l.Err())
+	}
+	if !r.holderDone || r.l.Token() <= l.Token() {
+		t.Fatalf("the key passed on while its holder's Done was open (%v), or tokens %d, %d", !r.holderDone, l.Token(), r.l.Token())
+	}
+	next := r.l
+	if s.Err() != nil || other.Err() != nil {
+		t.Fatalf("the session (%v) or its other lock (%v) ended with the capped lock", s.Err(), other.Err())
+	}
+	_ = next.Unlock(ctx)
+
+	// Cut off: the release cannot be sent; the leader ends the hold.
+	l, err = s.Lock(ctx, "mh/c", WithMaxHold(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := queue("mh/c", l)
+	fc.isolateHold(holderPeer, false)
+	r = <-got
+	if r.l == nil {
+		t.FailNow()
+	}
+	if !r.holderDone {
+		t.Fatal("the key passed on while its cut-off holder's Done was open")
+	}
+	shard := holderPeer.node().placement.Load().ShardOf("mh/c")
+	ended := false
+	for _, rec := range logs.all() {
+		if rec.Message == "ending a hold at its maximum" && rec.Time.Before(r.at) {
+			ended = true
+		}
+	}
+	if !ended {
+		t.Fatal("the cut-off holder's key passed on, but no leader logged ending the hold")
+	}
+	if at, ok := loggedFor(logs, "expiring session", shard, l.h.Session().ID()); ok && at.Before(r.at) {
+		t.Fatal("the key passed on by the session's expiry, not by the hold's maximum")
+	}
+	fc.rejoinHeld(holderPeer)
+	_ = r.l.Unlock(ctx)
 }

@@ -120,19 +120,22 @@ func (l *Lock) Release() error {
 // or with an empty one ("{}x"), is hashed whole. Clusters created before
 // hash tags existed hash every key whole, for good: a key never changes
 // shard.
-func (n *Node) Lock(ctx context.Context, key string) (*Lock, error) {
-	return n.acquire(ctx, key, true)
+func (n *Node) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	return n.acquire(ctx, key, true, opts)
 }
 
 // TryLock takes key if it is free and nobody waits for it, and otherwise
 // returns an error wrapping ErrLocked at once; from feature level 3 it is
 // a *LockedError naming the holders.
-func (n *Node) TryLock(ctx context.Context, key string) (*Lock, error) {
-	return n.acquire(ctx, key, false)
+func (n *Node) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	return n.acquire(ctx, key, false, opts)
 }
 
-func (n *Node) acquire(ctx context.Context, key string, wait bool) (*Lock, error) {
-	var spec client.Spec
+func (n *Node) acquire(ctx context.Context, key string, wait bool, opts []LockOption) (*Lock, error) {
+	spec, err := n.spec(client.Spec{}, opts)
+	if err != nil {
+		return nil, err
+	}
 	if n.labels() {
 		// No deadlock check: the default session is shared by every
 		// goroutine of the node, so its waits are not one thread's.

@@ -125,19 +125,23 @@ func (s *Session) Err() error { return s.o.Err() }
 // that would close a cycle of Sessions each waiting for a key the next
 // holds fails at once with ErrDeadlock (see LockAll and docs/LOCKS.md for
 // its scope).
-func (s *Session) Lock(ctx context.Context, key string) (*Lock, error) {
-	return s.acquire(ctx, key, true, client.Spec{})
+func (s *Session) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	return s.acquire(ctx, key, true, client.Spec{}, opts)
 }
 
 // TryLock takes key for this session if it is free; see Node.TryLock.
-func (s *Session) TryLock(ctx context.Context, key string) (*Lock, error) {
-	return s.acquire(ctx, key, false, client.Spec{})
+func (s *Session) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	return s.acquire(ctx, key, false, client.Spec{}, opts)
 }
 
 // acquire takes key in s as spec asks; from feature level 3 a refusal
 // names the holders, and a wait that closes a cycle of Sessions is
 // refused (a Session is one thread of control: see WithReentrant).
-func (s *Session) acquire(ctx context.Context, key string, wait bool, spec client.Spec) (*Lock, error) {
+func (s *Session) acquire(ctx context.Context, key string, wait bool, spec client.Spec, opts []LockOption) (*Lock, error) {
+	spec, err := s.n.spec(spec, opts)
+	if err != nil {
+		return nil, err
+	}
 	if s.n.labels() {
 		spec.Flags |= lockfsm.FlagDetail | lockfsm.FlagDeadlock
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -154,8 +155,12 @@ func TestRefusalsAreTyped(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { _, _, _ = a.Acquire(waitCtx, 2, "y", true, detail) }()
+	waited := make(chan struct{})
+	defer func() { cancel(); <-waited }() // its withdrawal starts before the Client stops
+	go func() {
+		defer close(waited)
+		_, _, _ = a.Acquire(waitCtx, 2, "y", true, detail)
+	}()
 	waitFor(t, func() bool { f.mu.Lock(); defer f.mu.Unlock(); info, _ := f.s.Key("y"); return len(info.Waiters) == 1 })
 	if _, _, err := b.Acquire(ctx, 2, "x", true, detail); !errors.Is(err, lockerr.Deadlock) {
 		t.Fatalf("b waiting for x while a waits for y: %v, want Deadlock", err)
@@ -229,5 +234,49 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 30s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// A grant with a maximum hold is given up a margin before the maximum,
+// counted from the send time of its Acquire: Done closes with
+// LeaseExpired and the release goes to the cluster at once.
+func TestMaxHoldEndsTheGrant(t *testing.T) {
+	tc := newTestClient(t, 10*time.Second) // LeaseMargin 1s
+	o, err := tc.NewOwner(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := o.Acquire(tc.ctx, 2, "k", true, Spec{MaxHold: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acq := tc.cluster.commands[len(tc.cluster.commands)-1]; acq.Op != lockfsm.OpAcquire || acq.MaxHoldMillis != 10_000 {
+		t.Fatalf("the acquire sent %+v, want MaxHoldMillis 10000", acq)
+	}
+	tc.lease.Advance(9*time.Second - time.Nanosecond)
+	if doneNow(h) || h.Err() != nil {
+		t.Fatalf("given up before the maximum less the margin: %v", h.Err())
+	}
+	tc.lease.Advance(time.Nanosecond)
+	if !doneNow(h) || !errors.Is(h.Err(), lockerr.LeaseExpired) || !strings.Contains(h.Err().Error(), "maximum") {
+		t.Fatalf("at the maximum less the margin: done %v, err %v", doneNow(h), h.Err())
+	}
+	tc.bg.Wait()
+	tc.cluster.mu.Lock()
+	last := tc.cluster.commands[len(tc.cluster.commands)-1]
+	tc.cluster.mu.Unlock()
+	if last.Op != lockfsm.OpRelease || last.Target != h.Req() {
+		t.Fatalf("the last command was %+v, want the release of the ended grant", last)
+	}
+	// A grant checked after a pause past its deadline is given up at once.
+	h2, _, err := o.Acquire(tc.ctx, 2, "k2", true, Spec{MaxHold: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.lease.Jump(time.Hour)
+	select {
+	case <-h2.Done():
+	default:
+		t.Fatal("Done open after a pause past the maximum")
 	}
 }

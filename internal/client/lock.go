@@ -20,6 +20,9 @@ type Held struct {
 	req   uint64
 	token uint64
 	spec  Spec
+	// holdDeadline is when this holder stops relying on a grant with a
+	// maximum hold (Spec.MaxHold): zero for none.
+	holdDeadline time.Time
 	// holds counts the holds of a reentrant Owner on this grant (1 for
 	// the first); guarded by mu.
 	holds int
@@ -32,8 +35,16 @@ type Held struct {
 
 // newHeld records the grant of attempt req on key; if the session was
 // lost meanwhile, the lock comes back already ended with its error.
-func (s *Session) newHeld(key string, req, token uint64, spec Spec) *Held {
+//
+// A grant with a maximum hold is relied on until since (the send time of
+// the last request that found the attempt not yet granted: its Acquire,
+// or a later read) plus the maximum, less the lease margin: the leader
+// counts the maximum from when it first sees the grant, which is later.
+func (s *Session) newHeld(key string, req, token uint64, spec Spec, since time.Time) *Held {
 	h := &Held{s: s, key: key, req: req, token: token, spec: spec, holds: 1, done: make(chan struct{})}
+	if spec.MaxHold > 0 {
+		h.holdDeadline = since.Add(spec.MaxHold - Margin(spec.MaxHold, s.c.cfg.LeaseMargin))
+	}
 	s.mu.Lock()
 	err := s.lostErr
 	if err == nil {
@@ -42,8 +53,32 @@ func (s *Session) newHeld(key string, req, token uint64, spec Spec) *Held {
 	s.mu.Unlock()
 	if err != nil {
 		h.claim(err)
+		return h
+	}
+	if !h.holdDeadline.IsZero() {
+		s.c.cfg.Clock.AfterFunc(h.holdDeadline.Sub(s.c.now()), h.checkHold)
 	}
 	return h
+}
+
+// checkHold ends a grant held for its maximum: Done closes with
+// lockerr.LeaseExpired, and the release is committed in the background,
+// so the key passes on without waiting for the leader's ExpireHold. It
+// re-arms when the clock says the deadline is still ahead.
+func (h *Held) checkHold() {
+	now := h.s.c.now()
+	if now.Before(h.holdDeadline) {
+		select {
+		case <-h.done:
+		default:
+			h.s.c.cfg.Clock.AfterFunc(max(h.holdDeadline.Sub(now), time.Millisecond), h.checkHold)
+		}
+		return
+	}
+	err := fmt.Errorf("%w: %q was held for its maximum of %v (WithMaxHold)", lockerr.LeaseExpired, h.key, h.spec.MaxHold)
+	if h.claim(err) {
+		h.releaseInBackground()
+	}
 }
 
 // heldOf returns s's hold of key, or nil.
@@ -66,6 +101,10 @@ type Spec struct {
 	Limit   uint32 // a semaphore's permit count; 1 otherwise
 	Permits uint32 // of a semaphore; 0 means 1
 	Flags   lockfsm.Flags
+	// MaxHold, when > 0, is the longest the grant may be held: the
+	// cluster ends it then (lockfsm.Command.MaxHoldMillis), and this side
+	// stops relying on it a margin before.
+	MaxHold time.Duration
 }
 
 // Spec returns what the grant was asked as.
@@ -132,6 +171,9 @@ func (h *Held) checkLease() {
 	default:
 	}
 	h.s.CheckDeadline()
+	if !h.holdDeadline.IsZero() && !h.s.c.now().Before(h.holdDeadline) {
+		h.checkHold()
+	}
 }
 
 // claim closes Done with err and reports whether this call did it, so
@@ -365,6 +407,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 		cmds[i] = lockfsm.Command{
 			Op: lockfsm.OpAcquire, Session: s.id, Req: req, Ack: s.attempts.Ack(), Key: key, Wait: wait,
 			Kind: sp.Kind, Limit: max(sp.Limit, 1), Permits: sp.Permits, Flags: sp.Flags,
+			MaxHoldMillis: uint64((sp.MaxHold + time.Millisecond - 1) / time.Millisecond), // rounded up: the cluster waits longer
 		}
 		if sp.Kind == lockfsm.KindRead || sp.Kind == lockfsm.KindWrite {
 			cmds[i].Limit = 0
@@ -373,6 +416,9 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 			cmds[i].Group = uint16(n)
 		}
 	}
+	// since is the send time of the last request that found the attempt
+	// not granted yet: a grant's maximum hold counts from there.
+	since := c.now()
 	var results []lockfsm.Result
 	if n == 1 {
 		var res lockfsm.Result
@@ -405,7 +451,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 		}
 	}
 	if !queued {
-		return s.newHelds(keys, first, tokens, specs), false, nil
+		return s.newHelds(keys, first, tokens, specs, since), false, nil
 	}
 
 	// Queued: wait for the grant (of every attempt of a group: they come
@@ -443,6 +489,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 			if tokens[j] != 0 {
 				continue
 			}
+			sent := c.now()
 			found, a, err := c.cfg.ReadAttempt(ctx, s.shard, s.id, first+uint64(j))
 			if err != nil {
 				break
@@ -452,19 +499,22 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 				return nil, true, nil
 			}
 			if a.State != lockfsm.ReqHeld {
+				if a.State == lockfsm.ReqWaiting {
+					since = sent // not granted when this read was sent
+				}
 				break
 			}
 			tokens[j] = a.Token
 		}
 	}
-	return s.newHelds(keys, first, tokens, specs), false, nil
+	return s.newHelds(keys, first, tokens, specs, since), false, nil
 }
 
 // newHelds records the grants of the attempts from first.
-func (s *Session) newHelds(keys []string, first uint64, tokens []uint64, specs []Spec) []*Held {
+func (s *Session) newHelds(keys []string, first uint64, tokens []uint64, specs []Spec, since time.Time) []*Held {
 	hs := make([]*Held, len(keys))
 	for i, key := range keys {
-		hs[i] = s.newHeld(key, first+uint64(i), tokens[i], specs[i])
+		hs[i] = s.newHeld(key, first+uint64(i), tokens[i], specs[i], since)
 	}
 	return hs
 }
