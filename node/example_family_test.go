@@ -188,3 +188,56 @@ func ExampleWithMaxHold() {
 	fmt.Println(errors.Is(l.Err(), node.ErrLeaseExpired), s.Err() == nil)
 	// Output: true true
 }
+
+// TryLockAll takes every key if all are free now, and otherwise none.
+func ExampleSession_TryLockAll() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+	s, err := n.NewSession(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close(ctx)
+	busy, err := n.Lock(ctx, "{cart-9}/payment")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	_, err = s.TryLockAll(ctx, "{cart-9}/items", "{cart-9}/payment")
+	fmt.Println(errors.Is(err, node.ErrLocked))
+	info, _ := n.Inspect(ctx, "{cart-9}/items")
+	fmt.Println("items held:", len(info.Holders) > 0)
+	busy.Unlock(ctx)
+	// Output:
+	// true
+	// items held: false
+}
+
+// A wait that would close a cycle of sessions is refused with
+// ErrDeadlock, naming it, instead of hanging until ctx ends.
+func ExampleErrDeadlock() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+	a, _ := n.NewSession(ctx)
+	b, _ := n.NewSession(ctx)
+	defer a.Close(ctx)
+	defer b.Close(ctx)
+	x, _ := a.Lock(ctx, "{acct}/x")
+	y, _ := b.Lock(ctx, "{acct}/y")
+
+	go func() {
+		if l, err := a.Lock(ctx, "{acct}/y"); err == nil { // waits for b
+			l.Unlock(ctx)
+		}
+	}()
+	for info, _ := n.Inspect(ctx, "{acct}/y"); len(info.Waiters) == 0; info, _ = n.Inspect(ctx, "{acct}/y") {
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, err := b.Lock(ctx, "{acct}/x") // would wait for a, which waits for b
+	fmt.Println(errors.Is(err, node.ErrDeadlock))
+	y.Unlock(ctx)
+	x.Unlock(ctx)
+	// Output: true
+}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -72,6 +73,10 @@ func (l *Lock) Unlock(ctx context.Context) error {
 // given up before fails with ErrNotHeld.
 func (l *Lock) give() (last bool, err error) {
 	if l.given.Swap(true) {
+		// As the grant's own Unlock says: why it ended, if not by this.
+		if err := l.h.Err(); err != nil && !errors.Is(err, ErrNotHeld) {
+			return false, fmt.Errorf("unlock %q: %w", l.Key(), err)
+		}
 		return false, fmt.Errorf("unlock %q: already unlocked: %w", l.Key(), ErrNotHeld)
 	}
 	if !l.h.Leave() {
