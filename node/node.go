@@ -41,12 +41,12 @@ type Node struct {
 	// replicas owns the NodeHost and the table of replicas this peer runs.
 	replicas *cluster.Replicas
 
-	stop    chan struct{} // closed by Close
+	// ctx is the peer's one shutdown signal: shutdown cancels it, every
+	// loop and wait of the peer ends with it, and isClosed reads it.
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-	closeMu sync.Mutex
-	closed  atomic.Bool
+	closeMu sync.Mutex // serializes Close and kill
 
 	ready     chan struct{} // closed once the placement is known and local replicas run
 	placement atomic.Pointer[layout.Placement]
@@ -109,12 +109,12 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		cfg:   cfg,
 		hooks: hooks,
 		log:   cfg.Logger.With("peer", cfg.Name),
-		stop:  make(chan struct{}),
 		ready: make(chan struct{}),
 	}
+	// Before newClient: the client side ends with n.ctx.
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.client = newClient(n)
 	n.leading = newLeading(n)
-	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(ctx); err != nil {
 		n.shutdown(false)
 		return nil, err
@@ -279,7 +279,7 @@ func (n *Node) GossipAddr() string { return n.mesh.Addr() }
 func (n *Node) Close() error {
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
-	if n.closed.Load() {
+	if n.isClosed() {
 		return nil
 	}
 	n.closeSessions()
@@ -292,7 +292,7 @@ func (n *Node) Close() error {
 func (n *Node) kill() {
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
-	if n.closed.Load() {
+	if n.isClosed() {
 		return
 	}
 	n.shutdown(false)
@@ -300,8 +300,6 @@ func (n *Node) kill() {
 
 // shutdown stops everything; leave says goodbye on gossip first.
 func (n *Node) shutdown(leave bool) {
-	n.closed.Store(true)
-	close(n.stop)
 	n.cancel()
 	if n.router != nil {
 		// Calls still waiting on a command return ErrClosed now.
@@ -325,7 +323,9 @@ func (n *Node) shutdown(leave bool) {
 	}
 }
 
-func (n *Node) isClosed() bool { return n.closed.Load() }
+// isClosed reports whether Close or kill has begun: calls made from then
+// on return ErrClosed.
+func (n *Node) isClosed() bool { return n.ctx.Err() != nil }
 
 // every runs f every interval, on the calling goroutine, until the node
 // stops.
@@ -335,7 +335,7 @@ func (n *Node) every(interval time.Duration, f func()) {
 	for {
 		select {
 		case <-t.C:
-		case <-n.stop:
+		case <-n.ctx.Done():
 			return
 		}
 		f()
@@ -355,7 +355,7 @@ func (n *Node) waitReady(ctx context.Context) (*layout.Placement, error) {
 	select {
 	case <-n.ready:
 		return n.placement.Load(), nil
-	case <-n.stop:
+	case <-n.ctx.Done():
 		return nil, ErrClosed
 	case <-ctx.Done():
 		if r := n.refusal.Load(); r != nil {
