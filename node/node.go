@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/cluster"
+	"github.com/lockmesh/lockmesh/internal/datadir"
 	"github.com/lockmesh/lockmesh/internal/dblog"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/leader"
@@ -32,6 +33,7 @@ type Node struct {
 	cfg   Config
 	hooks testHooks // all zero outside tests
 	log   *slog.Logger
+	dir   datadir.Dir // the cluster record and the known peers
 
 	mesh  *mesh.Mesh
 	nh    *dragonboat.NodeHost // replicas' NodeHost, for proposals and reads
@@ -111,6 +113,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		log:   cfg.Logger.With("peer", cfg.Name),
 		ready: make(chan struct{}),
 	}
+	n.dir = datadir.Dir{FS: cfg.fs, Path: cfg.DataDir, Log: n.log}
 	// Before newClient: the client side ends with n.ctx.
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.client = newClient(n)
@@ -131,10 +134,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 
 func (n *Node) open(ctx context.Context) error {
 	cfg := n.cfg
-	if err := cfg.fs.MkdirAll(cfg.DataDir, dataDirMode); err != nil {
-		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
-	}
-	if err := n.restrictDataDir(); err != nil {
+	if err := n.dir.Create(); err != nil {
 		return err
 	}
 	var err error
@@ -189,7 +189,7 @@ func (n *Node) open(ctx context.Context) error {
 	n.nh = n.replicas.NodeHost()
 	n.membership = n.newMembership()
 	meta := n.baseMeta()
-	if p, err := n.loadRecord(); err != nil {
+	if p, err := n.dir.LoadRecord(cfg.Name, n.nh.ID(), len(cfg.Join) > 0); err != nil {
 		return err
 	} else if p != nil {
 		meta.Cluster = p.ClusterID
@@ -200,7 +200,7 @@ func (n *Node) open(ctx context.Context) error {
 	if err := n.mesh.SetMeta(meta); err != nil {
 		return err
 	}
-	join := joinAddrs(cfg.Join, n.loadKnownPeers())
+	join := datadir.JoinAddrs(cfg.Join, n.dir.LoadKnownPeers())
 	if len(join) == 0 {
 		return nil
 	}
@@ -385,7 +385,7 @@ func (n *Node) adopt(p *layout.Placement) error {
 	if err := n.checkLevel(p); err != nil {
 		return err
 	}
-	if err := n.saveRecord(p); err != nil {
+	if err := n.dir.SaveRecord(p); err != nil {
 		return err
 	}
 	// The replicas start talking before p is stored below: the Raft
