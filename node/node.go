@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/cluster"
+	"github.com/lockmesh/lockmesh/internal/config"
 	"github.com/lockmesh/lockmesh/internal/datadir"
 	"github.com/lockmesh/lockmesh/internal/dblog"
 	"github.com/lockmesh/lockmesh/internal/layout"
@@ -153,7 +153,7 @@ func (n *Node) open(ctx context.Context) error {
 		BindAddr:  cfg.GossipAddr,
 		SecretKey: cfg.GossipKey,
 		Meta:      n.baseMeta(),
-		Local:     isLoopback(cfg.GossipAddr),
+		Local:     config.IsLoopback(cfg.GossipAddr),
 		Logger:    n.log.With("component", "gossip"),
 		Bound:     n.layoutOwner,
 	}
@@ -505,7 +505,8 @@ func (n *Node) now() time.Time { return n.cfg.clock.Now() }
 // exposed addresses.
 func (n *Node) warnPlaintext() {
 	link := map[string]string{"GossipKey": "gossip", "RaftTLS": "raft", "TLS": "rpc"}
-	missing := n.cfg.missingProtection()
+	peer := n.cfg.peer(n.hooks.raftTransport != nil)
+	missing := config.Missing(peer)
 	var plain []string
 	for _, field := range missing {
 		plain = append(plain, link[field]+" (set "+field+")")
@@ -516,7 +517,7 @@ func (n *Node) warnPlaintext() {
 	if !n.cfg.Insecure {
 		return
 	}
-	if exposed := n.cfg.exposedAddrs(n.hooks.raftTransport != nil); len(exposed) > 0 && len(plain) > 0 {
+	if exposed := config.Exposed(peer); len(exposed) > 0 && len(plain) > 0 {
 		n.log.Warn("Insecure is set: unprotected ports listen beyond loopback; any host that reaches them can join, propose and lock, and a crafted gossip message costs memory (see docs/SECURITY.md)",
 			"exposed", exposed, "unset", missing)
 	} else {
@@ -536,13 +537,4 @@ func (n *Node) rpcAddr(name string) (string, bool) {
 		return "", false
 	}
 	return m.Meta.RPCAddr, true
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
