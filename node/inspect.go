@@ -52,7 +52,7 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	}
 	shard := p.ShardOf(key)
 	info := KeyInfo{Key: key, Shard: shard}
-	a, err := n.readRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey, Key: key})
+	a, err := n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey, Key: key})
 	if err != nil {
 		return info, fmt.Errorf("inspect %q: %w", key, err)
 	}

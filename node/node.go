@@ -259,7 +259,7 @@ func (n *Node) WaitServing(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = n.readRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey})
+			_, errs[i] = n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey})
 		}()
 	}
 	wg.Wait()
