@@ -70,46 +70,9 @@ func (h routerHost) Authorize(ctx context.Context, shard uint64, cmds []lockfsm.
 }
 
 // shardSessions is the local replica's view of shard's sessions, read
-// without a Raft round: an owner never changes once a session is open,
-// and a replica that lags at worst does not know a session yet (the
-// state machine then answers for it).
+// without a Raft round (replica.Sessions).
 func (n *Node) shardSessions(shard uint64) authz.Sessions {
-	return localSessions{n: n, shard: shard}
-}
-
-type localSessions struct {
-	n     *Node
-	shard uint64
-}
-
-func (s localSessions) Owner(id uint64) (string, bool) {
-	v, err := s.n.nh.StaleRead(s.shard, replica.StateReader(func(st *lockfsm.State) any {
-		info, ok := st.Session(id)
-		if !ok {
-			return nil
-		}
-		return info.Owner
-	}))
-	owner, ok := v.(string)
-	return owner, err == nil && ok
-}
-
-func (s localSessions) Count(owner string) (total, owned int) {
-	v, err := s.n.nh.StaleRead(s.shard, replica.StateReader(func(st *lockfsm.State) any {
-		all := st.Sessions()
-		c := [2]int{len(all), 0}
-		for _, si := range all {
-			if si.Owner == owner {
-				c[1]++
-			}
-		}
-		return c
-	}))
-	c, _ := v.([2]int)
-	if err != nil {
-		return 0, 0
-	}
-	return c[0], c[1]
+	return replica.Sessions{Shard: shard, Read: n.nh.StaleRead}
 }
 
 // knownConn is the RPC server's transport.Config.Known: a connection

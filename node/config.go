@@ -2,20 +2,14 @@ package node
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/lni/vfs"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
-	"github.com/lockmesh/lockmesh/transport"
+	"github.com/lockmesh/lockmesh/internal/config"
 )
 
 // MaxSessionTTL is the longest session TTL a peer accepts: a session
@@ -239,196 +233,27 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error { return c.validate(false) }
 
 // validate is Validate; raftInMemory says RaftAddr is only a name for a
-// test's in-memory Raft transport, so nothing listens on it.
+// test's in-memory Raft transport, so nothing listens on it. The rules
+// are internal/config's.
 func (c Config) validate(raftInMemory bool) error {
 	c.setDefaults()
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
-	}
-	if c.DataDir == "" {
-		return bad("DataDir is required")
-	}
-	for _, a := range c.addrs() {
-		host, _, err := net.SplitHostPort(a.addr)
-		if err != nil {
-			return bad("%s %q is not host:port: %v", a.field, a.addr, err)
-		}
-		if inMemory := a.field == "RaftAddr" && raftInMemory; host != "" && net.ParseIP(host) == nil && !inMemory {
-			return bad("%s %q: the host must be an IP address (127.0.0.1, not localhost): a name would be resolved by the system resolver when the peer listens, and again by every peer that dials it", a.field, a.addr)
-		}
-	}
-	if _, port, _ := net.SplitHostPort(c.RaftAddr); port == "0" {
-		return bad("RaftAddr %q needs a fixed port", c.RaftAddr)
-	}
-	if _, port, _ := net.SplitHostPort(c.RPCAddr); c.Name == c.RPCAddr && port == "0" {
-		return bad("Name is required when RPCAddr %q picks its port at start", c.RPCAddr)
-	}
-	if c.Name == "" || len(c.Name) > 128 {
-		return bad("Name %q must be 1 to 128 bytes", c.Name)
-	}
-	if exposed := c.exposedAddrs(raftInMemory); len(exposed) > 0 && !c.Insecure {
-		if missing := c.missingProtection(); len(missing) > 0 {
-			return bad("%s is not loopback: set %s, or set Insecure to run without them", exposed[0], joinAnd(missing))
-		}
-	}
-	if c.BootstrapExpect < 0 {
-		return bad("BootstrapExpect %d is negative", c.BootstrapExpect)
-	}
-	if c.NoReplicas && (c.BootstrapExpect != 0 || len(c.Join) == 0) {
-		return bad("NoReplicas needs Join and no BootstrapExpect: a client-only peer joins an existing cluster")
-	}
-	if c.BootstrapExpect == 0 && len(c.Join) == 0 {
-		return bad("set BootstrapExpect to create a cluster or Join to join one")
-	}
-	if c.Shards < 1 || c.Shards > 4096 {
-		return bad("Shards %d must be between 1 and 4096", c.Shards)
-	}
-	if c.ReplicationFactor < 1 || c.ReplicationFactor > 9 {
-		return bad("ReplicationFactor %d must be between 1 and 9", c.ReplicationFactor)
-	}
-	// Zero means the default; a negative duration is a mistake, not a
-	// request for the default.
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-		def   any
-	}{
-		{"SessionTTL", c.SessionTTL, DefaultSessionTTL},
-		{"LeaseMargin", c.LeaseMargin, "max(TTL/10, 2 RTT)"},
-		{"RTT", c.RTT, DefaultRTT},
-		{"DeadAfter", c.DeadAfter, DefaultDeadAfter},
-	} {
-		if d.v < 0 {
-			return bad("%s %v is negative; use 0 for the default (%v)", d.field, d.v, d.def)
-		}
-	}
-	if c.RTT < time.Millisecond {
-		return bad("RTT %v must be at least 1ms", c.RTT)
-	}
-	// The session must outlive a leader election, or every failover expires
-	// every session.
-	if c.SessionTTL < 40*c.RTT {
-		return bad("SessionTTL %v must be at least 40 RTT (%v)", c.SessionTTL, 40*c.RTT)
-	}
-	if c.SessionTTL > MaxSessionTTL {
-		return bad("SessionTTL %v is above MaxSessionTTL (%v): peers refuse longer sessions", c.SessionTTL, MaxSessionTTL)
-	}
-	if c.LeaseMargin <= 0 || c.LeaseMargin >= c.SessionTTL/2 {
-		return bad("LeaseMargin %v must be positive and below half the SessionTTL", c.LeaseMargin)
-	}
-	if n := len(c.GossipKey); n != 0 && n != 16 && n != 24 && n != 32 {
-		return bad("GossipKey is %d bytes; it must be 16, 24 or 32", n)
-	}
-	if len(c.GossipKey) > 0 && allZero(c.GossipKey) {
-		return bad("GossipKey is all zero bytes: use 16, 24 or 32 random bytes")
-	}
-	if c.TLS != nil {
-		if err := checkTLS(c.TLS, c.Name); err != nil {
-			return bad("TLS: %v", err)
-		}
-	}
-	if c.RaftTLS.enabled() {
-		for _, f := range []struct{ field, path string }{
-			{"CAFile", c.RaftTLS.CAFile}, {"CertFile", c.RaftTLS.CertFile}, {"KeyFile", c.RaftTLS.KeyFile},
-		} {
-			if f.path == "" {
-				return bad("RaftTLS.%s is required when RaftTLS is set", f.field)
-			}
-			if _, err := os.Stat(f.path); err != nil {
-				return bad("RaftTLS.%s: %v", f.field, err)
-			}
-		}
+	if err := config.Check(c.peer(raftInMemory), config.Defaults{
+		SessionTTL: DefaultSessionTTL, RTT: DefaultRTT, DeadAfter: DefaultDeadAfter,
+	}); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	return nil
 }
 
-// addrs lists the three listening addresses with their field names, in a
-// fixed order, so errors name the first bad one every time.
-func (c Config) addrs() []struct{ field, addr string } {
-	return []struct{ field, addr string }{
-		{"GossipAddr", c.GossipAddr}, {"RaftAddr", c.RaftAddr}, {"RPCAddr", c.RPCAddr},
+// peer is what internal/config's rules read of c.
+func (c Config) peer(raftInMemory bool) config.Peer {
+	return config.Peer{
+		Name: c.Name, DataDir: c.DataDir,
+		GossipAddr: c.GossipAddr, RaftAddr: c.RaftAddr, RPCAddr: c.RPCAddr, RaftInMemory: raftInMemory,
+		Join: c.Join, BootstrapExpect: c.BootstrapExpect, Shards: c.Shards, ReplicationFactor: c.ReplicationFactor,
+		NoReplicas: c.NoReplicas,
+		SessionTTL: c.SessionTTL, LeaseMargin: c.LeaseMargin, RTT: c.RTT, DeadAfter: c.DeadAfter,
+		GossipKey: c.GossipKey, Insecure: c.Insecure, TLS: c.TLS,
+		RaftCAFile: c.RaftTLS.CAFile, RaftCertFile: c.RaftTLS.CertFile, RaftKeyFile: c.RaftTLS.KeyFile,
 	}
-}
-
-// exposedAddrs returns the listening addresses (as "Field host:port") that
-// are not loopback, in a fixed order. With a test's in-memory Raft
-// transport (raftInMemory), RaftAddr is only a name: nothing listens on it.
-func (c Config) exposedAddrs(raftInMemory bool) []string {
-	var out []string
-	for _, a := range c.addrs() {
-		if a.field == "RaftAddr" && raftInMemory {
-			continue
-		}
-		if !isLoopback(a.addr) {
-			out = append(out, a.field+" "+a.addr)
-		}
-	}
-	return out
-}
-
-// missingProtection names the protections of the three links that are not
-// configured.
-func (c Config) missingProtection() []string {
-	var out []string
-	if len(c.GossipKey) == 0 {
-		out = append(out, "GossipKey")
-	}
-	if !c.RaftTLS.enabled() {
-		out = append(out, "RaftTLS")
-	}
-	if c.TLS == nil {
-		out = append(out, "TLS")
-	}
-	return out
-}
-
-// joinAnd joins names as "a", "a and b" or "a, b and c".
-func joinAnd(names []string) string {
-	if len(names) < 2 {
-		return strings.Join(names, "")
-	}
-	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
-}
-
-func allZero(b []byte) bool {
-	for _, x := range b {
-		if x != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// checkTLS refuses a TLS config that would serve or trust a peer without
-// verifying its certificate, or whose own certificate does not name this
-// peer: a caller's identity is its verified certificate's names, and a
-// peer's Name must be among its own (docs/SECURITY.md).
-func checkTLS(t *tls.Config, name string) error {
-	switch {
-	case t.InsecureSkipVerify:
-		return errors.New("InsecureSkipVerify is set: peers' certificates would not be verified")
-	case t.ClientAuth != tls.RequireAndVerifyClientCert:
-		return fmt.Errorf("ClientAuth is %v; it must be tls.RequireAndVerifyClientCert, or callers without a verified certificate are served", t.ClientAuth)
-	case t.ClientCAs == nil:
-		return errors.New("ClientCAs is not set: it must hold the CA that issues the peers' certificates")
-	case t.RootCAs == nil:
-		return errors.New("RootCAs is not set: it must hold the CA that issues the peers' certificates (not the system's roots)")
-	case len(t.Certificates) == 0:
-		return errors.New("Certificates is empty: the peer needs its own certificate, naming it")
-	}
-	leaf := t.Certificates[0].Leaf
-	if leaf == nil {
-		if len(t.Certificates[0].Certificate) == 0 {
-			return errors.New("Certificates[0] holds no certificate")
-		}
-		var err error
-		if leaf, err = x509.ParseCertificate(t.Certificates[0].Certificate[0]); err != nil {
-			return fmt.Errorf("Certificates[0]: %v", err)
-		}
-	}
-	names := transport.CertNames(leaf)
-	if !slices.Contains(names, name) {
-		return fmt.Errorf("the certificate names %q, not this peer's Name %q: peers are known by the Name their certificate carries (as its CommonName or a DNS SAN)", names, name)
-	}
-	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/lni/vfs"
+
+	"github.com/lockmesh/lockmesh/internal/datadir"
 )
 
 // The data dir holds every lock, owner and token: a peer makes it
@@ -29,7 +31,7 @@ func TestDataDirIsPrivate(t *testing.T) {
 	if got := st.Mode().Perm(); got != 0o700 {
 		t.Errorf("data dir mode %v, want 0700", got)
 	}
-	for _, name := range []string{recordFile} {
+	for _, name := range []string{datadir.RecordFile} {
 		st, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)

@@ -253,7 +253,7 @@ func TestHostileCertificateHolders(t *testing.T) {
 	}
 	// A stranger reads nothing either.
 	mallory := newAttacker(t, "mallory", ca.Issue("mallory"))
-	body, _ := encodeBody(readReq{Shard: s.shard, Query: replica.Query{Kind: replica.QueryKey, Key: s.key}, Level: peers[0].node.topLevel()})
+	body, _ := encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryKey, Key: s.key}, Level: peers[0].node.topLevel()})
 	_, err := mallory.call(s.hosts()[0], methodRead, body)
 	refused(t, "mallory: read of the victim's key", err)
 	_, err = mallory.call(peers[0], methodGetPlacement, nil)
@@ -279,7 +279,7 @@ func TestHostileLocalProcess(t *testing.T) {
 		refused(t, "LeaderTerm 2^62 via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 1 << 62}))
 		refused(t, "ExpireSession via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.holder.Session, Term: recordedTerm(a.t, h, s.shard)}))
 		refused(t, "OpenSession with TTL 2^50 ms via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "local", TTLMillis: 1 << 50}))
-		body, _ := encodeBody(readReq{Shard: s.shard, Query: replica.Query{Kind: replica.QuerySessions}, Level: h.node.topLevel()})
+		body, _ := encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QuerySessions}, Level: h.node.topLevel()})
 		_, err := a.call(h, methodRead, body)
 		refused(t, "read of the whole session table via "+h.cfg.Name, err)
 	}
@@ -418,8 +418,8 @@ func TestAnswerBound(t *testing.T) {
 		body   []byte
 		want   int
 	}{
-		{"request state", methodRead, enc(readReq{Shard: 2, Query: replica.Query{Kind: replica.QueryRequest, Session: 1, Req: 1}}), smallAnswer},
-		{"a key's holders", methodRead, enc(readReq{Shard: 2, Query: replica.Query{Kind: replica.QueryKey, Key: "k"}}), maxBodySize},
+		{"request state", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryRequest, Session: 1, Req: 1}}), smallAnswer},
+		{"a key's holders", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryKey, Key: "k"}}), maxBodySize},
 		{"undecodable read", methodRead, []byte{0xc1}, maxBodySize},
 		{"layout", methodGetPlacement, nil, maxBodySize},
 		{"status", methodStatus, nil, maxBodySize},

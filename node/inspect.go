@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -52,7 +51,7 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	}
 	shard := p.ShardOf(key)
 	info := KeyInfo{Key: key, Shard: shard}
-	a, err := n.readRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey, Key: key})
+	a, err := n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey, Key: key})
 	if err != nil {
 		return info, fmt.Errorf("inspect %q: %w", key, err)
 	}
@@ -169,7 +168,7 @@ func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	asked := n.askLeaders(ctx, p)
+	asked := n.membership.AskLeaders(ctx, p)
 	var out []ShardInfo
 	for _, shard := range p.ShardIDs() {
 		leader, ok := asked[shard]
@@ -182,36 +181,4 @@ func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
 		})
 	}
 	return out, nil
-}
-
-// askLeaders asks the hosts of the shards this peer has no replica of who
-// leads them (one status call per host), and keeps the answers as leader
-// hints. Without a replica the only other source is the leader named in
-// the last answer to a call on the shard, which goes stale when the peer
-// makes none (a departed leader was named for minutes).
-func (n *Node) askLeaders(ctx context.Context, p *layout.Placement) map[uint64]string {
-	out := map[uint64]string{}
-	asked := map[string]bool{}
-	for _, shard := range p.ShardIDs() {
-		if n.hostsShard(shard) {
-			continue
-		}
-		for _, host := range p.HostNames(shard) {
-			if _, known := out[shard]; known || asked[host] || ctx.Err() != nil {
-				continue
-			}
-			asked[host] = true
-			st, err := n.membership.Status(ctx, host)
-			if err != nil {
-				continue
-			}
-			for s, id := range st.Leaders {
-				if pe, ok := p.PeerByReplica(id); ok && p.Hosts(s, pe.Name) && !n.hostsShard(s) {
-					out[s] = pe.Name
-					n.setLeader(s, pe.Name)
-				}
-			}
-		}
-	}
-	return out
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/datadir"
 )
 
 // Start returns once the peer listens even when no Join address answers:
@@ -56,7 +58,7 @@ func TestStartDoesNotWaitForJoin(t *testing.T) {
 }
 
 // A restarted peer whose Join addresses are all gone finds its cluster
-// through the peers it last saw alive (knownPeersFile), as the
+// through the peers it last saw alive (datadir.KnownPeersFile), as the
 // membership-faults soak saw: a replaced peer restarted with the seeds of
 // its first start, which had left since.
 func TestRestartRejoinsThroughKnownPeers(t *testing.T) {
@@ -75,7 +77,7 @@ func TestRestartRejoinsThroughKnownPeers(t *testing.T) {
 	// Wait until peer-4 has recorded the other peers, then take its only
 	// seed away for good.
 	for {
-		known := p4.node.loadKnownPeers()
+		known := p4.node.dir.LoadKnownPeers()
 		if len(known) >= 3 {
 			break
 		}
@@ -115,7 +117,7 @@ func TestTornKnownPeersFileIsIgnored(t *testing.T) {
 				if err := c.fs.MkdirAll(c.DataDir, 0o700); err != nil {
 					t.Fatal(err)
 				}
-				f, err := c.fs.Create(c.fs.PathJoin(c.DataDir, knownPeersFile))
+				f, err := c.fs.Create(c.fs.PathJoin(c.DataDir, datadir.KnownPeersFile))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -109,7 +109,7 @@ func (h membershipHost) ProposeLayout(ctx context.Context, raw []byte) (uint64, 
 
 func (h membershipHost) CheckLevel(p *layout.Placement) error { return h.n.checkLevel(p) }
 
-func (h membershipHost) SaveRecord(p *layout.Placement) error { return h.n.saveRecord(p) }
+func (h membershipHost) SaveRecord(p *layout.Placement) error { return h.n.dir.SaveRecord(p) }
 
 func (h membershipHost) RefuseLayout(ie *layout.IdentityError) { h.n.refuseLayout(ie) }
 

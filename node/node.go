@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +16,8 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/cluster"
+	"github.com/lockmesh/lockmesh/internal/config"
+	"github.com/lockmesh/lockmesh/internal/datadir"
 	"github.com/lockmesh/lockmesh/internal/dblog"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/leader"
@@ -32,6 +33,7 @@ type Node struct {
 	cfg   Config
 	hooks testHooks // all zero outside tests
 	log   *slog.Logger
+	dir   datadir.Dir // the cluster record and the known peers
 
 	mesh  *mesh.Mesh
 	nh    *dragonboat.NodeHost // replicas' NodeHost, for proposals and reads
@@ -41,12 +43,12 @@ type Node struct {
 	// replicas owns the NodeHost and the table of replicas this peer runs.
 	replicas *cluster.Replicas
 
-	stop    chan struct{} // closed by Close
+	// ctx is the peer's one shutdown signal: shutdown cancels it, every
+	// loop and wait of the peer ends with it, and isClosed reads it.
 	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-	closeMu sync.Mutex
-	closed  atomic.Bool
+	closeMu sync.Mutex // serializes Close and kill
 
 	ready     chan struct{} // closed once the placement is known and local replicas run
 	placement atomic.Pointer[layout.Placement]
@@ -109,12 +111,13 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		cfg:   cfg,
 		hooks: hooks,
 		log:   cfg.Logger.With("peer", cfg.Name),
-		stop:  make(chan struct{}),
 		ready: make(chan struct{}),
 	}
+	n.dir = datadir.Dir{FS: cfg.fs, Path: cfg.DataDir, Log: n.log}
+	// Before newClient: the client side ends with n.ctx.
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.client = newClient(n)
 	n.leading = newLeading(n)
-	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(ctx); err != nil {
 		n.shutdown(false)
 		return nil, err
@@ -131,10 +134,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 
 func (n *Node) open(ctx context.Context) error {
 	cfg := n.cfg
-	if err := cfg.fs.MkdirAll(cfg.DataDir, dataDirMode); err != nil {
-		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
-	}
-	if err := n.restrictDataDir(); err != nil {
+	if err := n.dir.Create(); err != nil {
 		return err
 	}
 	var err error
@@ -153,7 +153,7 @@ func (n *Node) open(ctx context.Context) error {
 		BindAddr:  cfg.GossipAddr,
 		SecretKey: cfg.GossipKey,
 		Meta:      n.baseMeta(),
-		Local:     isLoopback(cfg.GossipAddr),
+		Local:     config.IsLoopback(cfg.GossipAddr),
 		Logger:    n.log.With("component", "gossip"),
 		Bound:     n.layoutOwner,
 	}
@@ -189,7 +189,7 @@ func (n *Node) open(ctx context.Context) error {
 	n.nh = n.replicas.NodeHost()
 	n.membership = n.newMembership()
 	meta := n.baseMeta()
-	if p, err := n.loadRecord(); err != nil {
+	if p, err := n.dir.LoadRecord(cfg.Name, n.nh.ID(), len(cfg.Join) > 0); err != nil {
 		return err
 	} else if p != nil {
 		meta.Cluster = p.ClusterID
@@ -200,7 +200,7 @@ func (n *Node) open(ctx context.Context) error {
 	if err := n.mesh.SetMeta(meta); err != nil {
 		return err
 	}
-	join := joinAddrs(cfg.Join, n.loadKnownPeers())
+	join := datadir.JoinAddrs(cfg.Join, n.dir.LoadKnownPeers())
 	if len(join) == 0 {
 		return nil
 	}
@@ -259,7 +259,7 @@ func (n *Node) WaitServing(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = n.readRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey})
+			_, errs[i] = n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey})
 		}()
 	}
 	wg.Wait()
@@ -279,7 +279,7 @@ func (n *Node) GossipAddr() string { return n.mesh.Addr() }
 func (n *Node) Close() error {
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
-	if n.closed.Load() {
+	if n.isClosed() {
 		return nil
 	}
 	n.closeSessions()
@@ -292,7 +292,7 @@ func (n *Node) Close() error {
 func (n *Node) kill() {
 	n.closeMu.Lock()
 	defer n.closeMu.Unlock()
-	if n.closed.Load() {
+	if n.isClosed() {
 		return
 	}
 	n.shutdown(false)
@@ -300,8 +300,6 @@ func (n *Node) kill() {
 
 // shutdown stops everything; leave says goodbye on gossip first.
 func (n *Node) shutdown(leave bool) {
-	n.closed.Store(true)
-	close(n.stop)
 	n.cancel()
 	if n.router != nil {
 		// Calls still waiting on a command return ErrClosed now.
@@ -325,7 +323,9 @@ func (n *Node) shutdown(leave bool) {
 	}
 }
 
-func (n *Node) isClosed() bool { return n.closed.Load() }
+// isClosed reports whether Close or kill has begun: calls made from then
+// on return ErrClosed.
+func (n *Node) isClosed() bool { return n.ctx.Err() != nil }
 
 // every runs f every interval, on the calling goroutine, until the node
 // stops.
@@ -335,7 +335,7 @@ func (n *Node) every(interval time.Duration, f func()) {
 	for {
 		select {
 		case <-t.C:
-		case <-n.stop:
+		case <-n.ctx.Done():
 			return
 		}
 		f()
@@ -355,7 +355,7 @@ func (n *Node) waitReady(ctx context.Context) (*layout.Placement, error) {
 	select {
 	case <-n.ready:
 		return n.placement.Load(), nil
-	case <-n.stop:
+	case <-n.ctx.Done():
 		return nil, ErrClosed
 	case <-ctx.Done():
 		if r := n.refusal.Load(); r != nil {
@@ -385,7 +385,7 @@ func (n *Node) adopt(p *layout.Placement) error {
 	if err := n.checkLevel(p); err != nil {
 		return err
 	}
-	if err := n.saveRecord(p); err != nil {
+	if err := n.dir.SaveRecord(p); err != nil {
 		return err
 	}
 	// The replicas start talking before p is stored below: the Raft
@@ -505,7 +505,8 @@ func (n *Node) now() time.Time { return n.cfg.clock.Now() }
 // exposed addresses.
 func (n *Node) warnPlaintext() {
 	link := map[string]string{"GossipKey": "gossip", "RaftTLS": "raft", "TLS": "rpc"}
-	missing := n.cfg.missingProtection()
+	peer := n.cfg.peer(n.hooks.raftTransport != nil)
+	missing := config.Missing(peer)
 	var plain []string
 	for _, field := range missing {
 		plain = append(plain, link[field]+" (set "+field+")")
@@ -516,7 +517,7 @@ func (n *Node) warnPlaintext() {
 	if !n.cfg.Insecure {
 		return
 	}
-	if exposed := n.cfg.exposedAddrs(n.hooks.raftTransport != nil); len(exposed) > 0 && len(plain) > 0 {
+	if exposed := config.Exposed(peer); len(exposed) > 0 && len(plain) > 0 {
 		n.log.Warn("Insecure is set: unprotected ports listen beyond loopback; any host that reaches them can join, propose and lock, and a crafted gossip message costs memory (see docs/SECURITY.md)",
 			"exposed", exposed, "unset", missing)
 	} else {
@@ -536,13 +537,4 @@ func (n *Node) rpcAddr(name string) (string, bool) {
 		return "", false
 	}
 	return m.Meta.RPCAddr, true
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

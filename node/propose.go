@@ -48,6 +48,10 @@ func (h routerHost) ProposeLocal(ctx context.Context, shard uint64, data []byte)
 
 // ServeKeepAlive serves a keepalive this peer sends to itself: no RPC,
 // and no authorization (the sessions are this peer's own).
+func (h routerHost) ReadLocal(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
+	return h.n.readLocal(ctx, shard, q)
+}
+
 func (h routerHost) ServeKeepAlive(ctx context.Context, req router.KeepAliveRequest) (router.KeepAliveResponse, error) {
 	return h.n.leading.ServeKeepAlive(ctx, req)
 }
@@ -55,7 +59,7 @@ func (h routerHost) ServeKeepAlive(ctx context.Context, req router.KeepAliveRequ
 // newRouter starts the router of n's commands.
 func (n *Node) newRouter() *router.Router {
 	return router.New(router.Config{Name: n.cfg.Name, RTT: n.cfg.RTT, Peers: n.peers,
-		ProposeMethod: methodPropose, KeepAliveMethod: methodKeepAlive}, routerHost{n})
+		ProposeMethod: methodPropose, KeepAliveMethod: methodKeepAlive, ReadMethod: methodRead}, routerHost{n})
 }
 
 // apply runs one command on its shard and returns its result, retrying
@@ -67,49 +71,17 @@ func (n *Node) apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lo
 // proposalTimeout bounds one try of a proposal or read.
 func (n *Node) proposalTimeout() time.Duration { return n.router.ProposalTimeout() }
 
-// backoff sleeps a jittered, growing interval before a retry.
-func (n *Node) backoff(ctx context.Context, attempt int) error {
-	return n.router.Backoff(ctx, attempt)
-}
-
 // retryable reports whether an error leaves the outcome unknown or says
 // "not now": the same command may be sent again.
 func retryable(err error) bool { return router.Retryable(err) }
 
-// read answers a query linearizably: through the local replica (ReadIndex)
-// or through a peer that hosts one.
+// read answers a query linearizably (router.Router.Read).
 func (n *Node) read(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
-	if n.hostsShard(shard) {
-		return n.readLocal(ctx, shard, q)
-	}
-	body, err := encodeBody(readReq{Shard: shard, Query: q, Level: n.topLevel()})
-	if err != nil {
-		return replica.Answer{}, err
-	}
-	resp, err := n.callHost(ctx, shard, methodRead, body)
-	if err != nil {
-		return replica.Answer{}, err
-	}
-	var a replica.Answer
-	err = decodeBody(resp, &a)
-	return a, err
+	return n.router.Read(ctx, shard, q)
 }
 
-// readRetrying reads shard linearizably, trying again while the error
-// says "not now" (no leader yet, the replica moved), until ctx ends; the
-// error then says what the last try hit.
-func (n *Node) readRetrying(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
-	for attempt := 0; ; attempt++ {
-		a, err := n.read(ctx, shard, q)
-		if err == nil || !retryable(err) {
-			return a, err
-		}
-		if berr := n.backoff(ctx, min(attempt, 3)); berr != nil {
-			return a, n.router.Unavailable(shard, berr, err)
-		}
-	}
-}
-
+// readLocal answers q through this peer's replica of shard, with a
+// ReadIndex round (routerHost.ReadLocal).
 func (n *Node) readLocal(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
 	// dragonboat needs a deadline on every request.
 	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
@@ -125,26 +97,8 @@ func (n *Node) readLocal(ctx context.Context, shard uint64, q replica.Query) (re
 	return a, nil
 }
 
-func (n *Node) serveRead(ctx context.Context, req readReq) (replica.Answer, error) {
-	if !n.hostsShard(req.Shard) {
-		return replica.Answer{}, rpcError(codeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
-	}
-	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
-	defer cancel()
-	a, err := n.readLocal(ctx, req.Shard, req.Query)
-	return a, busyErr(req.Shard, err)
-}
-
-// callHost sends a request to a peer hosting shard: the last known leader
-// first, then the other replicas in turn.
-func (n *Node) callHost(ctx context.Context, shard uint64, method uint8, body []byte) ([]byte, error) {
-	return n.router.CallHost(ctx, shard, method, body)
-}
-
 // The leader cache lives in the router.
-func (n *Node) setLeader(shard uint64, name string)    { n.router.SetLeader(shard, name) }
-func (n *Node) forgetLeader(shard uint64, name string) { n.router.ForgetLeader(shard, name) }
-func (n *Node) leader(shard uint64) string             { return n.router.Leader(shard) }
+func (n *Node) setLeader(shard uint64, name string) { n.router.SetLeader(shard, name) }
 
 // leaderGuess names the peer most likely leading shard: what dragonboat
 // says locally if this peer hosts a replica, else the last known leader,

@@ -22,7 +22,7 @@ const maxBodySize = msgcheck.MaxBody
 // internal/cluster's Service (see newMembership).
 const (
 	methodPropose        uint8 = iota + 1 // router.ProposeRequest -> router.ProposeResponse
-	methodRead                            // readReq -> replica.Answer
+	methodRead                            // router.ReadRequest -> replica.Answer
 	methodKeepAlive                       // router.KeepAliveRequest -> router.KeepAliveResponse
 	methodNotify                          // leader.Notice -> nothing
 	methodPrepare                         // bootstrap phase one: encoded placement
@@ -58,16 +58,11 @@ func (n *Node) checkSender(level uint8) error {
 	return nil
 }
 
-// Requests that route by key (router.ProposeRequest and readReq) carry
-// the newest feature level their sender speaks (0 from releases before
-// levels, which read as 1): a peer that does not speak the cluster's
-// level may place keys by another rule, so its requests are refused
-// (checkSender).
-type readReq struct {
-	Shard uint64        `msgpack:"s"`
-	Query replica.Query `msgpack:"q"`
-	Level uint8         `msgpack:"v,omitempty"`
-}
+// Requests that route by key (router.ProposeRequest and
+// router.ReadRequest) carry the newest feature level their sender speaks
+// (0 from releases before levels, which read as 1): a peer that does not
+// speak the cluster's level may place keys by another rule, so its
+// requests are refused (checkSender).
 
 func encodeBody(v any) ([]byte, error) { return msgpack.Marshal(v) }
 
@@ -98,7 +93,7 @@ func answerBound(method uint8, body []byte) int {
 	case methodPropose, methodKeepAlive:
 		return 8*len(body) + smallAnswer
 	case methodRead:
-		var req readReq
+		var req router.ReadRequest
 		if msgcheck.Unmarshal(body, &req, maxBodySize) == nil && req.Query.Kind == replica.QueryRequest {
 			return smallAnswer
 		}
@@ -142,7 +137,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		}
 		return n.router.ServePropose(ctx, req)
 	case methodRead:
-		var req readReq
+		var req router.ReadRequest
 		if err := decodeBody(body, &req); err != nil {
 			return nil, err
 		}
@@ -154,7 +149,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 			// table: no peer asks another for it.
 			return nil, rpcError(codeForbidden, "peer %s: %v: the session table is read only by the peer that hosts it", n.cfg.Name, authz.ErrForbidden)
 		}
-		a, err := n.serveRead(ctx, req)
+		a, err := n.router.ServeRead(ctx, req)
 		if err != nil {
 			return nil, err
 		}

@@ -198,7 +198,7 @@ func newClient(n *Node) *client.Client {
 			return n.router.KeepAlive(ctx, shard, ids)
 		},
 		Go:     func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
-		Stop:   n.stop,
+		Stop:   n.ctx.Done(),
 		Labels: n.labels,
 	})
 }

@@ -80,8 +80,9 @@ func TestUnlockWithUnknownOutcomeEndsTheLock(t *testing.T) {
 // in lease_test.go).
 func leaseTestNode(c clock) *Node {
 	cfg := Config{SessionTTL: time.Second, LeaseMargin: 100 * time.Millisecond, clock: c}
-	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler), stop: make(chan struct{})}
+	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler)}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.cancel()
 	n.client = newClient(n)
-	n.closed.Store(true)
 	return n
 }

@@ -87,7 +87,8 @@ type Config struct {
 	// Go runs f in the background with a context that ends when the
 	// node stops; node waits for it on Close.
 	Go func(f func(ctx context.Context))
-	// Stop is closed when the node stops.
+	// Stop is closed when the node stops (node passes its context's Done,
+	// the context Go hands out).
 	Stop <-chan struct{}
 	// Labels reports whether the cluster's feature level lets an
 	// OpenSession carry its Owner's label (lockfsm.Command.Label); nil

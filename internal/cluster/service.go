@@ -396,6 +396,39 @@ func (s *Service) Status(ctx context.Context, peer string) (PeerStatus, error) {
 	return st, err
 }
 
+// AskLeaders asks the hosts of the shards of p this peer has no replica
+// of who leads them (one Status call per host, while ctx lasts), and keeps
+// the answers as the router's leader hints. Without a replica the only
+// other source is the leader named in the last answer to a call on the
+// shard, which goes stale when the peer makes none (a departed leader was
+// named for minutes).
+func (s *Service) AskLeaders(ctx context.Context, p *layout.Placement) map[uint64]string {
+	out := map[uint64]string{}
+	asked := map[string]bool{}
+	for _, shard := range p.ShardIDs() {
+		if s.replicas.Hosts(shard) {
+			continue
+		}
+		for _, host := range p.HostNames(shard) {
+			if _, known := out[shard]; known || asked[host] || ctx.Err() != nil {
+				continue
+			}
+			asked[host] = true
+			st, err := s.Status(ctx, host)
+			if err != nil {
+				continue
+			}
+			for sh, id := range st.Leaders {
+				if pe, ok := p.PeerByReplica(id); ok && p.Hosts(sh, pe.Name) && !s.replicas.Hosts(sh) {
+					out[sh] = pe.Name
+					s.router.SetLeader(sh, pe.Name)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // CaughtUp asks peer whether its replica of shard serves a linearizable
 // read: it is a member and has applied everything committed before it.
 func (s *Service) CaughtUp(ctx context.Context, peer string, shard uint64) error {

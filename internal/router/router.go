@@ -26,6 +26,7 @@ import (
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -63,6 +64,9 @@ type Host interface {
 	// carries it, see transport.PeerFromContext) may propose cmds on
 	// shard; ServePropose refuses the whole proposal with its error.
 	Authorize(ctx context.Context, shard uint64, cmds []lockfsm.Command) error
+	// ReadLocal answers q linearizably through this peer's replica of
+	// shard (a ReadIndex round), bounded by ctx and ProposalTimeout.
+	ReadLocal(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error)
 	// ServeKeepAlive serves a keepalive this peer sends to itself, as its
 	// KeepAliveMethod handler would: it leads the shard, or answers with
 	// its guess of who does.
@@ -82,6 +86,9 @@ type Config struct {
 	// KeepAliveMethod is the RPC method a peer serves keepalives on
 	// (KeepAliveRequest -> KeepAliveResponse).
 	KeepAliveMethod uint8
+	// ReadMethod is the RPC method a peer serves with ServeRead
+	// (ReadRequest -> replica.Answer).
+	ReadMethod uint8
 }
 
 // ProposeRequest is a batch forwarded to a peer hosting the shard, which

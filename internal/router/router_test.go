@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -37,6 +38,8 @@ type fakeHost struct {
 	waiting int           // local proposals waiting at gate
 	// keepAlive, when set, serves keepalives this peer sends itself.
 	keepAlive func(ctx context.Context, req KeepAliveRequest) (KeepAliveResponse, error)
+	// read, when set, answers reads on the local replica.
+	read func(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error)
 }
 
 func (h *fakeHost) Placement() *layout.Placement { return h.p }
@@ -59,6 +62,12 @@ func (h *fakeHost) ServeKeepAlive(ctx context.Context, req KeepAliveRequest) (Ke
 		return KeepAliveResponse{}, errors.New("no local keepalives in this test")
 	}
 	return h.keepAlive(ctx, req)
+}
+func (h *fakeHost) ReadLocal(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
+	if h.read == nil {
+		return replica.Answer{}, errors.New("no local reads in this test")
+	}
+	return h.read(ctx, shard, q)
 }
 func (h *fakeHost) LocalLeader(uint64) (uint64, bool) {
 	return h.leader, h.leader != 0
