@@ -3,7 +3,6 @@ package lockfsm
 import (
 	"bytes"
 	"errors"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -372,49 +371,7 @@ func TestApplyTable(t *testing.T) {
 		}},
 	}
 	cases = append(cases, termCases...)
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := newChecker()
-			for _, sess := range []uint64{A, B, C} {
-				rs, _, err := c.apply(Command{Op: OpOpenSession, Owner: owners[sess], TTLMillis: 5000})
-				if err != nil || !reflect.DeepEqual(rs[0], Result{Status: StatusOK, Session: sess}) {
-					t.Fatalf("open session: %+v %v", rs, err)
-				}
-			}
-			for i, st := range tc.steps {
-				rs, gs, err := c.apply(st.cmds...)
-				if err != nil {
-					t.Fatalf("step %d: %v", i, err)
-				}
-				for j, r := range rs {
-					w := st.want[j]
-					if w.Err == "*" && r.Err != "" {
-						w.Err = r.Err
-					}
-					if !reflect.DeepEqual(r, w) {
-						t.Errorf("step %d (%v): command %d: got %+v, want %+v", i, st.cmds[j].Op, j, r, st.want[j])
-					}
-				}
-				// A grant is a hand-off unless it answers an Acquire of
-				// the same step that was granted.
-				want := slices.Clone(st.grants)
-				for k := range want {
-					want[k].HandOff = true
-					for j, c := range st.cmds {
-						if c.Op == OpAcquire && c.Session == want[k].Session && c.Req == want[k].Req && st.want[j].Status == StatusGranted {
-							want[k].HandOff = false
-						}
-					}
-				}
-				if !slices.Equal(gs, want) {
-					t.Errorf("step %d: grants %+v, want %+v", i, gs, want)
-				}
-			}
-			if tc.check != nil {
-				tc.check(t, c.s)
-			}
-		})
-	}
+	runTable(t, cases)
 }
 
 func TestApplyIndexMustIncrease(t *testing.T) {

@@ -105,22 +105,51 @@ func (s *Sessions) expireLapsed(ctx context.Context) {
 	}
 }
 
+// maxExpiries bounds the expiry proposals (ExpireSession, ExpireHold) of
+// one shard's round in flight at once; those in flight together share
+// Raft entries.
+const maxExpiries = 16
+
+// expireSessions proposes the expiry, decided in term, of sessions of
+// shard, at most maxExpiries at once: one goroutine per shard and round,
+// not one per session, however many lapse together (a peer holding
+// thousands of sessions died).
+func (s *Sessions) expireSessions(ctx context.Context, shard, term uint64, sessions []lockfsm.SessionInfo) {
+	cmds := make([]lockfsm.Command, len(sessions))
+	for i, si := range sessions {
+		s.log.Info("expiring session", "shard", shard, "term", term, "session", si.ID, "owner", si.Owner, "held", si.Held, "waiting", si.Waiting)
+		cmds[i] = lockfsm.Command{Op: lockfsm.OpExpireSession, Session: si.ID, Term: term}
+	}
+	s.proposeExpiries(ctx, shard, cmds)
+}
+
 // expireHolds proposes, decided in term, the end of holds of shard that
-// were held for their maximum, at most maxExpiries at once.
+// were held for their maximum, as expireSessions does.
 func (s *Sessions) expireHolds(ctx context.Context, shard, term uint64, holds []lockfsm.HoldInfo) {
+	cmds := make([]lockfsm.Command, len(holds))
+	for i, h := range holds {
+		s.log.Info("ending a hold at its maximum", "shard", shard, "term", term, "session", h.Session, "req", h.Req, "max_hold", millis(h.MaxHoldMillis))
+		cmds[i] = lockfsm.Command{Op: lockfsm.OpExpireHold, Session: h.Session, Target: h.Req, Term: term}
+	}
+	s.proposeExpiries(ctx, shard, cmds)
+}
+
+// proposeExpiries proposes cmds on shard, at most maxExpiries at once,
+// within a session TTL, and logs those refused because the term that
+// decided them has ended.
+func (s *Sessions) proposeExpiries(ctx context.Context, shard uint64, cmds []lockfsm.Command) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.SessionTTL)
 	defer cancel()
 	slots := make(chan struct{}, maxExpiries)
 	var wg sync.WaitGroup
-	for _, h := range holds {
-		s.log.Info("ending a hold at its maximum", "shard", shard, "term", term, "session", h.Session, "req", h.Req, "max_hold", millis(h.MaxHoldMillis))
+	for _, cmd := range cmds {
 		slots <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			res, err := s.host.Apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpExpireHold, Session: h.Session, Target: h.Req, Term: term})
+			res, err := s.host.Apply(ctx, shard, cmd)
 			if err == nil && res.Status == lockfsm.StatusStaleTerm {
-				s.log.Info("hold expiry refused: decided in a term that has ended", "shard", shard, "session", h.Session, "err", res.Err)
+				s.log.Info("expiry refused: decided in a term that has ended", "shard", shard, "op", cmd.Op, "session", cmd.Session, "err", res.Err)
 			}
 		}()
 	}
@@ -130,34 +159,6 @@ func (s *Sessions) expireHolds(ctx context.Context, shard, term uint64, holds []
 // millis is ms milliseconds as a Duration, for logs.
 func millis(ms uint64) time.Duration {
 	return time.Duration(min(ms, math.MaxInt64/uint64(time.Millisecond))) * time.Millisecond
-}
-
-// maxExpiries bounds the ExpireSession proposals of one shard's round in
-// flight at once; those in flight together share Raft entries.
-const maxExpiries = 16
-
-// expireSessions proposes the expiry, decided in term, of sessions of
-// shard, at most maxExpiries at once: one goroutine per shard and round,
-// not one per session, however many lapse together (a peer holding
-// thousands of sessions died).
-func (s *Sessions) expireSessions(ctx context.Context, shard, term uint64, sessions []lockfsm.SessionInfo) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.SessionTTL)
-	defer cancel()
-	slots := make(chan struct{}, maxExpiries)
-	var wg sync.WaitGroup
-	for _, si := range sessions {
-		s.log.Info("expiring session", "shard", shard, "term", term, "session", si.ID, "owner", si.Owner, "held", si.Held, "waiting", si.Waiting)
-		slots <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-slots; wg.Done() }()
-			res, err := s.host.Apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: si.ID, Term: term})
-			if err == nil && res.Status == lockfsm.StatusStaleTerm {
-				s.log.Info("session expiry refused: decided in a term that has ended", "shard", shard, "session", si.ID, "err", res.Err)
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // recordTerm commits LeaderTerm for term on shard (rule 0), as long as this
