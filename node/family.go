@@ -370,6 +370,9 @@ func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (*Multi
 	})
 	held := map[string]*Lock{}
 	giveBack := func() {
+		if n.hooks.unsafeKeepPartialLockAll {
+			return
+		}
 		for _, l := range held {
 			_ = l.Release() // committed in the background
 		}

@@ -54,4 +54,14 @@ type testHooks struct {
 	// network (internal/authz): the broken variant the hostile-peer
 	// suite must catch.
 	unsafeNoAuthz bool
+	// unsafeGrantQueued makes this peer's client side take a Queued
+	// answer to an acquire (the attempt waits in the key's queue) as a
+	// grant, with the answer's token (0): a lock handed out that the
+	// cluster never granted. A deliberately broken variant the lock
+	// family's checkers must catch (nemesis_family_test.go).
+	unsafeGrantQueued bool
+	// unsafeKeepPartialLockAll makes a LockAll that fails keep what it
+	// took on the shards before the one that failed instead of giving it
+	// back: the partial hold the family's checkers must catch.
+	unsafeKeepPartialLockAll bool
 }

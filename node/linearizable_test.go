@@ -50,6 +50,7 @@ type lockOp struct {
 	kind   lockOpKind
 	token  uint64
 	client string
+	read   bool // an acquire of a read lock (the read/write model)
 }
 
 type lockState struct{ holder, last uint64 }
@@ -89,6 +90,11 @@ var fencedMutexModel = porcupine.Model{
 // monotonic clock (never a peer's injected clock).
 type history struct {
 	base time.Time
+	// model is what each key's history must be linearizable as, named
+	// modelName in reports: the fenced mutex unless set before use; nil
+	// checks token order only.
+	model     *porcupine.Model
+	modelName string
 
 	mu   sync.Mutex
 	ops  map[string][]porcupine.Operation
@@ -98,7 +104,7 @@ type history struct {
 }
 
 func newHistory() *history {
-	return &history{base: time.Now(), ops: map[string][]porcupine.Operation{}, ids: map[string]int{}, keys: map[string]bool{}}
+	return &history{base: time.Now(), model: &fencedMutexModel, modelName: "a fenced mutex", ops: map[string][]porcupine.Operation{}, ids: map[string]int{}, keys: map[string]bool{}}
 }
 
 func (h *history) now() int64 { return int64(time.Since(h.base)) }
@@ -136,13 +142,16 @@ func (h *history) check(dumpDir string) []string {
 	for _, key := range keys {
 		ops := h.ops[key]
 		out = append(out, checkTokenOrder(key, ops)...)
-		res, info := porcupine.CheckOperationsVerbose(fencedMutexModel, ops, 30*time.Second)
+		if h.model == nil {
+			continue
+		}
+		res, info := porcupine.CheckOperationsVerbose(*h.model, ops, 30*time.Second)
 		switch res {
 		case porcupine.Illegal:
-			msg := fmt.Sprintf("key %s: history of %d ops is not linearizable as a fenced mutex", key, len(ops))
+			msg := fmt.Sprintf("key %s: history of %d ops is not linearizable as %s", key, len(ops), h.modelName)
 			if dumpDir != "" {
-				path := filepath.Join(dumpDir, "porcupine-"+strings.ReplaceAll(key, "/", "_")+".html")
-				if err := porcupine.VisualizePath(fencedMutexModel, info, path); err == nil {
+				path := filepath.Join(dumpDir, "porcupine-"+strings.NewReplacer("/", "_", "{", "", "}", "").Replace(key)+".html")
+				if err := porcupine.VisualizePath(*h.model, info, path); err == nil {
 					msg += " (visualization: " + path + ")"
 				}
 			}
@@ -257,18 +266,18 @@ func TestLinearizabilityCheckerRejectsBadHistories(t *testing.T) {
 		legal bool
 	}{
 		{"handoff", build(
-			rec{lockOp{opAcquire, 3, a}, 0, 1}, rec{lockOp{opCheck, 3, a}, 2, 2}, rec{lockOp{opRelease, 3, a}, 3, 4},
-			rec{lockOp{opAcquire, 5, b}, 1, 5}, rec{lockOp{opCheck, 5, b}, 6, 6}), true},
+			rec{lockOp{kind: opAcquire, token: 3, client: a}, 0, 1}, rec{lockOp{kind: opCheck, token: 3, client: a}, 2, 2}, rec{lockOp{kind: opRelease, token: 3, client: a}, 3, 4},
+			rec{lockOp{kind: opAcquire, token: 5, client: b}, 1, 5}, rec{lockOp{kind: opCheck, token: 5, client: b}, 6, 6}), true},
 		{"expiry then new holder, old one stays out", build(
-			rec{lockOp{opAcquire, 3, a}, 0, 1}, rec{lockOp{opAcquire, 4, b}, 0, 9}, rec{lockOp{opCheck, 4, b}, 10, 10}), true},
+			rec{lockOp{kind: opAcquire, token: 3, client: a}, 0, 1}, rec{lockOp{kind: opAcquire, token: 4, client: b}, 0, 9}, rec{lockOp{kind: opCheck, token: 4, client: b}, 10, 10}), true},
 		{"second holder inside while the first still sees its lease", build(
-			rec{lockOp{opAcquire, 3, a}, 0, 1}, rec{lockOp{opAcquire, 4, b}, 0, 5}, rec{lockOp{opCheck, 3, a}, 6, 6}), false},
+			rec{lockOp{kind: opAcquire, token: 3, client: a}, 0, 1}, rec{lockOp{kind: opAcquire, token: 4, client: b}, 0, 5}, rec{lockOp{kind: opCheck, token: 3, client: a}, 6, 6}), false},
 		{"release after someone else was granted", build(
-			rec{lockOp{opAcquire, 3, a}, 0, 1}, rec{lockOp{opAcquire, 4, b}, 2, 3}, rec{lockOp{opRelease, 3, a}, 4, 5}), false},
+			rec{lockOp{kind: opAcquire, token: 3, client: a}, 0, 1}, rec{lockOp{kind: opAcquire, token: 4, client: b}, 2, 3}, rec{lockOp{kind: opRelease, token: 3, client: a}, 4, 5}), false},
 		{"token went down", build(
-			rec{lockOp{opAcquire, 7, a}, 0, 1}, rec{lockOp{opRelease, 7, a}, 2, 3}, rec{lockOp{opAcquire, 6, b}, 4, 5}), false},
+			rec{lockOp{kind: opAcquire, token: 7, client: a}, 0, 1}, rec{lockOp{kind: opRelease, token: 7, client: a}, 2, 3}, rec{lockOp{kind: opAcquire, token: 6, client: b}, 4, 5}), false},
 		{"token granted twice", build(
-			rec{lockOp{opAcquire, 7, a}, 0, 1}, rec{lockOp{opAcquire, 7, b}, 0, 1}), false},
+			rec{lockOp{kind: opAcquire, token: 7, client: a}, 0, 1}, rec{lockOp{kind: opAcquire, token: 7, client: b}, 0, 1}), false},
 	}
 	for _, c := range cases {
 		v := c.h.check("")

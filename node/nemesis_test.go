@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/replica"
+	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // Nemesis tests: a 3-peer cluster (4 lock shards, TTL 1s, RTT 10ms) under
@@ -66,17 +68,27 @@ func livenessBound(ttl time.Duration) time.Duration { return 3*ttl + 2*time.Seco
 var nemesisKeys = []string{"acct/1", "acct/2", "acct/3", "job/a", "job/b", "job/c"}
 
 // resource is the protected resource: who is inside per key, and a Fence
-// every holder writes through.
+// every exclusive holder (a mutex, a writer) writes through. It judges
+// holders by their lock's kind: exclusive holders overlap nobody, readers
+// overlap readers, and a semaphore's holders together hold at most limit
+// permits.
 type resource struct {
-	mu          sync.Mutex
-	inside      map[string]map[*Lock]holder
-	fence       Fence
-	admitted    map[string]uint64 // highest token the fence admitted
-	lastEntered map[string]uint64 // highest token that entered with an open lease
-	reported    map[[2]uint64]bool
+	mu            sync.Mutex
+	inside        map[string]map[*Lock]holder
+	fence         Fence
+	admitted      map[string]uint64 // highest token the fence admitted
+	lastEntered   map[string]uint64 // highest token that entered with an open lease
+	lastExclusive map[string]uint64 // highest exclusive holder's token that did
+	reported      map[[2]uint64]bool
+	reportedSets  map[string]bool // semaphore holder sets reported over the limit
+	// limit is the permit count of the semaphore keys (the sem model).
+	limit       int
 	violations  []string
 	rejections  atomic.Int64
 	staleEnters atomic.Int64
+	// beside counts holders that entered with others inside whose leases
+	// were open: readers with readers, a semaphore's holders together.
+	beside atomic.Int64
 	// clock and observe put the resource's sightings of other holders'
 	// open leases in the history: a sighting is a check by that holder.
 	clock   func() int64
@@ -84,13 +96,42 @@ type resource struct {
 }
 
 func newResource() *resource {
-	return &resource{inside: map[string]map[*Lock]holder{}, admitted: map[string]uint64{}, lastEntered: map[string]uint64{}, reported: map[[2]uint64]bool{}}
+	return &resource{inside: map[string]map[*Lock]holder{}, admitted: map[string]uint64{}, lastEntered: map[string]uint64{},
+		lastExclusive: map[string]uint64{}, reported: map[[2]uint64]bool{}, reportedSets: map[string]bool{}}
 }
 
-// holder is who is inside: a worker of a peer.
+// holder is who is inside: a worker of a peer, with its lock's kind and
+// permits.
 type holder struct {
-	who  string
-	peer *faultPeer
+	who     string
+	peer    *faultPeer
+	kind    lockfsm.Kind
+	permits int
+}
+
+func holderOf(l *Lock, p *faultPeer, who string) holder {
+	return holder{who: who, peer: p, kind: l.h.Spec().Kind, permits: l.Permits()}
+}
+
+// exclusive reports whether a holder of kind k must be alone inside.
+func exclusive(k lockfsm.Kind) bool { return k == lockfsm.KindMutex || k == lockfsm.KindWrite }
+
+// conflict reports whether holders of kinds a and b may not be inside at
+// once: a semaphore's holders are judged by their permits instead.
+func conflict(a, b lockfsm.Kind) bool {
+	if a == lockfsm.KindSemaphore || b == lockfsm.KindSemaphore {
+		return false
+	}
+	return exclusive(a) || exclusive(b)
+}
+
+// kindName names a holder's kind in a violation: "" for the mutex, whose
+// messages predate the family.
+func kindName(k lockfsm.Kind) string {
+	if k == lockfsm.KindMutex {
+		return ""
+	}
+	return k.String() + ", "
 }
 
 func leaseOpen(l *Lock) bool {
@@ -119,9 +160,12 @@ func (r *resource) violate(format string, args ...any) {
 	r.violations = append(r.violations, fmt.Sprintf(format, args...))
 }
 
-// overlapLocked reports holders of key inside together with l, both with
-// open leases. Callers hold r.mu.
-func (r *resource) overlapLocked(key string, l *Lock, who string) {
+// overlapLocked reports holders of key inside together with l (h), all
+// with open leases, that its kind forbids: anybody beside a mutex or a
+// writer, more permits than limit beside a semaphore's holder. Callers
+// hold r.mu. It returns how many other holders inside had open leases.
+func (r *resource) overlapLocked(key string, l *Lock, h holder) (others int) {
+	permits, tokens := h.permits, []uint64{l.Token()}
 	for o, oh := range r.inside[key] {
 		// A paused process's view of its lease cannot be observed: it runs
 		// no code. It is checked by the holder itself once resumed.
@@ -135,13 +179,30 @@ func (r *resource) overlapLocked(key string, l *Lock, who string) {
 		}
 		// Another holder's lease seen open is a check in the history too.
 		r.observe(key, o, owho, call)
+		others++
+		if h.kind == lockfsm.KindSemaphore {
+			permits += oh.permits
+			tokens = append(tokens, o.Token())
+		}
+		if !conflict(h.kind, oh.kind) {
+			continue
+		}
 		pair := [2]uint64{min(o.Token(), l.Token()), max(o.Token(), l.Token())}
 		if r.reported[pair] {
 			continue
 		}
 		r.reported[pair] = true
-		r.violate("key %s: %s (token %d) and %s (token %d) inside at once, both leases open", key, who, l.Token(), owho, o.Token())
+		r.violate("key %s: %s (%stoken %d) and %s (%stoken %d) inside at once, both leases open", key, h.who, kindName(h.kind), l.Token(), owho, kindName(oh.kind), o.Token())
 	}
+	if h.kind == lockfsm.KindSemaphore && permits > r.limit {
+		slices.Sort(tokens)
+		set := fmt.Sprint(tokens)
+		if !r.reportedSets[key+set] {
+			r.reportedSets[key+set] = true
+			r.violate("key %s: %d permits held, over the limit of %d: holders with tokens %s inside, all leases open (%s entering or checking)", key, permits, r.limit, set, h.who)
+		}
+	}
+	return others
 }
 
 // write passes token through the fence. Callers hold r.mu.
@@ -157,24 +218,41 @@ func (r *resource) writeLocked(key string, token uint64) {
 }
 
 // enter puts holder l inside and reports whether its lease was open.
+// Tokens must rise in the order holders enter with open leases, but
+// readers granted together may enter in any order, and so may a
+// semaphore's holders: a reader's token must be above every exclusive
+// holder's that entered before it, an exclusive holder's above every
+// token that did.
 func (r *resource) enter(key string, l *Lock, p *faultPeer, who string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	h := holderOf(l, p, who)
 	open := leaseOpen(l)
 	if open {
-		r.overlapLocked(key, l, who)
-		if l.Token() <= r.lastEntered[key] {
+		if r.overlapLocked(key, l, h) > 0 {
+			r.beside.Add(1)
+		}
+		switch {
+		case h.kind == lockfsm.KindSemaphore:
+		case exclusive(h.kind) && l.Token() <= r.lastEntered[key]:
 			r.violate("key %s: %s entered with token %d after token %d had entered", key, who, l.Token(), r.lastEntered[key])
+		case !exclusive(h.kind) && l.Token() <= r.lastExclusive[key]:
+			r.violate("key %s: %s (%s) entered with token %d after exclusive token %d had entered", key, who, h.kind, l.Token(), r.lastExclusive[key])
 		}
 		r.lastEntered[key] = max(r.lastEntered[key], l.Token())
+		if exclusive(h.kind) {
+			r.lastExclusive[key] = max(r.lastExclusive[key], l.Token())
+		}
 	} else {
 		r.staleEnters.Add(1)
 	}
 	if r.inside[key] == nil {
 		r.inside[key] = map[*Lock]holder{}
 	}
-	r.inside[key][l] = holder{who, p}
-	r.writeLocked(key, l.Token())
+	r.inside[key][l] = h
+	if exclusive(h.kind) {
+		r.writeLocked(key, l.Token())
+	}
 	return open
 }
 
@@ -186,7 +264,7 @@ func (r *resource) check(key string, l *Lock, who string) bool {
 	defer r.mu.Unlock()
 	open := leaseOpen(l)
 	if open {
-		r.overlapLocked(key, l, who)
+		r.overlapLocked(key, l, r.inside[key][l])
 	}
 	return open
 }
@@ -196,11 +274,14 @@ func (r *resource) check(key string, l *Lock, who string) bool {
 func (r *resource) leave(key string, l *Lock, who string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	h := r.inside[key][l]
 	open := leaseOpen(l)
 	if open {
-		r.overlapLocked(key, l, who)
+		r.overlapLocked(key, l, h)
 	}
-	r.writeLocked(key, l.Token())
+	if exclusive(h.kind) {
+		r.writeLocked(key, l.Token())
+	}
 	delete(r.inside[key], l)
 	return open
 }
@@ -232,19 +313,25 @@ type loadRun struct {
 	// entry of a holder with an open lease, for nemeses that aim at a
 	// holder that has just gone inside.
 	enters chan enterEvent
-	mu     sync.Mutex
-	grants []grant
-	extra  []string // violations found by nemeses and the liveness check
-	wg     sync.WaitGroup
+	// model, when set before start, is the member of the lock family the
+	// workers take instead of Node.Lock (nemesis_family_test.go).
+	model *familyModel
+	mu    sync.Mutex
+	// grants lists the grants returned, by peer; granted says what each
+	// returned grant (key, token) was: its kind and permits.
+	grants  []grant
+	granted map[leaseKey]holder
+	extra   []string // violations found by nemeses and the liveness check
+	wg      sync.WaitGroup
 }
 
 func newLoadRun(fc *faultCluster) *loadRun {
-	lr := &loadRun{fc: fc, hist: newHistory(), res: newResource(), sights: newLeaseSights(), longShare: longShare, keys: nemesisKeys,
+	lr := &loadRun{fc: fc, hist: newHistory(), res: newResource(), sights: newLeaseSights(), longShare: longShare, keys: nemesisKeys, granted: map[leaseKey]holder{},
 		hold:    func() time.Duration { return time.Duration(rand.IntN(nemesisHold*1000)) * time.Microsecond },
 		longFor: func() time.Duration { return longHold(fc.opts.ttl) }}
 	lr.res.clock = lr.hist.now
 	lr.res.observe = func(key string, l *Lock, who string, call int64) {
-		lr.hist.add(key, lockOp{opCheck, l.Token(), who}, call, lr.hist.now())
+		lr.hist.add(key, lockOp{kind: opCheck, token: l.Token(), client: who}, call, lr.hist.now())
 		lr.sights.saw(key, l.Token(), who, call)
 	}
 	return lr
@@ -275,7 +362,7 @@ func (lr *loadRun) startWorkers(ctx context.Context, p *faultPeer) {
 			for ctx.Err() == nil {
 				key := lr.keys[rand.IntN(len(lr.keys))]
 				long := lr.longShare > 0 && rand.IntN(lr.longShare) == 0 && !lr.noLong.Load()
-				if err := lr.once(ctx, p, who, key, 3*time.Second, long); errors.Is(err, ErrClosed) {
+				if err := lr.once(ctx, p, who, key, 3*time.Second, long, false); errors.Is(err, ErrClosed) {
 					if p.left.Load() {
 						return // left the cluster: this worker's process is gone
 					}
@@ -286,10 +373,13 @@ func (lr *loadRun) startWorkers(ctx context.Context, p *faultPeer) {
 	}
 }
 
-// once locks key on p, goes inside the resource, and unlocks, recording
+// once locks key on p (with Node.Lock, or as lr.model takes it: several
+// keys for LockAll), goes inside the resource, and unlocks, recording
 // every operation whose outcome is known. A long holder stays inside for
-// longHold, checking its lease all along.
-func (lr *loadRun) once(ctx context.Context, p *faultPeer, who, key string, timeout time.Duration, long bool) error {
+// longHold, checking its leases all along. liveness asks the model for
+// its strongest hold of key (a write lock, every permit, key's whole
+// group).
+func (lr *loadRun) once(ctx context.Context, p *faultPeer, who, key string, timeout time.Duration, long, liveness bool) error {
 	p.gate.wait(ctx)
 	n := p.node()
 	if ctx.Err() != nil || n == nil {
@@ -298,53 +388,77 @@ func (lr *loadRun) once(ctx context.Context, p *faultPeer, who, key string, time
 	h := lr.hist
 	lctx, cancel := context.WithTimeout(ctx, timeout)
 	call := h.now()
-	l, err := n.Lock(lctx, key)
+	var locks []*Lock
+	var err error
+	if lr.model != nil {
+		locks, err = lr.model.take(lctx, lr.model, n, who, key, liveness)
+	} else {
+		var l *Lock
+		if l, err = n.Lock(lctx, key); err == nil {
+			locks = []*Lock{l}
+		}
+	}
 	ret := h.now()
 	cancel()
 	if err != nil {
+		if lr.model != nil && lr.model.failed != nil {
+			lr.model.failed(ctx, lr, p, who)
+		}
 		return err
 	}
-	tok := l.Token()
-	h.add(key, lockOp{opAcquire, tok, who}, call, ret)
 	lr.mu.Lock()
-	lr.grants = append(lr.grants, grant{peer: p.name, call: call, ret: ret})
+	for _, l := range locks {
+		h.add(l.Key(), lockOp{kind: opAcquire, token: l.Token(), client: who, read: l.h.Spec().Kind == lockfsm.KindRead}, call, ret)
+		lr.grants = append(lr.grants, grant{peer: p.name, call: call, ret: ret})
+		lr.granted[leaseKey{l.Key(), l.Token()}] = holderOf(l, p, who)
+	}
 	lr.mu.Unlock()
 
 	p.gate.wait(ctx)
-	call = h.now()
-	if lr.res.enter(key, l, p, who) {
-		h.add(key, lockOp{opCheck, tok, who}, call, h.now())
-		lr.sights.saw(key, tok, who, call)
-		if lr.enters != nil {
-			select {
-			case lr.enters <- enterEvent{p, key, time.Now()}:
-			default:
+	for _, l := range locks {
+		key, tok := l.Key(), l.Token()
+		call = h.now()
+		if lr.res.enter(key, l, p, who) {
+			h.add(key, lockOp{kind: opCheck, token: tok, client: who}, call, h.now())
+			lr.sights.saw(key, tok, who, call)
+			if lr.enters != nil {
+				select {
+				case lr.enters <- enterEvent{p, key, time.Now()}:
+				default:
+				}
 			}
 		}
 	}
 	if long && !lr.noLong.Load() {
-		lr.stayInside(ctx, p, key, l, who, lr.longFor())
+		lr.stayInside(ctx, p, locks, who, lr.longFor())
 	} else {
 		time.Sleep(lr.hold())
 	}
 	p.gate.wait(ctx) // a held holder checks its lease only once let go
-	call = h.now()
-	if lr.res.leave(key, l, who) {
-		h.add(key, lockOp{opCheck, tok, who}, call, h.now())
-		lr.sights.saw(key, tok, who, call)
+	for _, l := range locks {
+		key, tok := l.Key(), l.Token()
+		call = h.now()
+		if lr.res.leave(key, l, who) {
+			h.add(key, lockOp{kind: opCheck, token: tok, client: who}, call, h.now())
+			lr.sights.saw(key, tok, who, call)
+		}
 	}
 	if rand.IntN(2) == 0 {
 		// Release commits after it returns: like an operation whose
 		// outcome is unknown, it is left out of the history. The next
 		// acquire needs no release before it in the model.
-		_ = l.Release()
+		for _, l := range locks {
+			_ = l.Release()
+		}
 		return nil
 	}
 	uctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	call = h.now()
-	if err := l.Unlock(uctx); err == nil {
-		h.add(key, lockOp{opRelease, tok, who}, call, h.now())
+	for _, l := range locks {
+		call = h.now()
+		if err := l.Unlock(uctx); err == nil {
+			h.add(l.Key(), lockOp{kind: opRelease, token: l.Token(), client: who}, call, h.now())
+		}
 	}
 	return nil
 }
@@ -390,25 +504,29 @@ func (fc *faultCluster) keyLeader(key string) *faultPeer {
 	return nil
 }
 
-// stayInside keeps a long holder inside for d, checking Done() every 5-10
-// ms as a careful holder does before each write; it leaves early when the
-// lease is lost. Every sighting of an open lease is recorded for the
-// lease-overlap checker, one every 100 ms in the history too (porcupine's
-// cost grows with the history).
-func (lr *loadRun) stayInside(ctx context.Context, p *faultPeer, key string, l *Lock, who string, d time.Duration) {
-	h, tok := lr.hist, l.Token()
+// stayInside keeps a long holder of locks inside for d, checking Done()
+// of each every 5-10 ms as a careful holder does before each write; it
+// leaves early when a lease is lost. Every sighting of an open lease is
+// recorded for the lease-overlap checker, one every 100 ms in the history
+// too (porcupine's cost grows with the history).
+func (lr *loadRun) stayInside(ctx context.Context, p *faultPeer, locks []*Lock, who string, d time.Duration) {
+	h := lr.hist
 	end := time.Now().Add(d)
 	var logged int64
 	for time.Now().Before(end) && ctx.Err() == nil {
 		time.Sleep(5*time.Millisecond + rand.N(5*time.Millisecond))
 		p.gate.wait(ctx) // a held holder runs no code
 		call := h.now()
-		if !lr.res.check(key, l, who) {
-			return
+		for _, l := range locks {
+			if !lr.res.check(l.Key(), l, who) {
+				return
+			}
+			lr.sights.saw(l.Key(), l.Token(), who, call)
 		}
-		lr.sights.saw(key, tok, who, call)
 		if call-logged >= int64(100*time.Millisecond) {
-			h.add(key, lockOp{opCheck, tok, who}, call, h.now())
+			for _, l := range locks {
+				h.add(l.Key(), lockOp{kind: opCheck, token: l.Token(), client: who}, call, h.now())
+			}
 			logged = call
 		}
 	}
@@ -422,7 +540,7 @@ func (lr *loadRun) checkLiveness(ctx context.Context, healed time.Time) {
 	defer lr.noLong.Store(false)
 	bound := livenessBound(lr.fc.opts.ttl) + 2*lr.fc.opts.ttl
 	var wg sync.WaitGroup
-	for i, key := range nemesisKeys {
+	for i, key := range lr.keys {
 		p := lr.fc.peers[i%len(lr.fc.peers)]
 		wg.Add(1)
 		go func() {
@@ -435,7 +553,7 @@ func (lr *loadRun) checkLiveness(ctx context.Context, healed time.Time) {
 						key, p.name, bound, attempt-1, lastErr, lr.describeKey(key))
 					return
 				}
-				if lastErr = lr.once(ctx, p, p.name+"/liveness", key, left, false); lastErr == nil {
+				if lastErr = lr.once(ctx, p, p.name+"/liveness-"+key, key, left, false, true); lastErr == nil {
 					return
 				}
 				time.Sleep(10 * time.Millisecond)
@@ -475,8 +593,20 @@ func (lr *loadRun) verify(t testing.TB) []string {
 	lr.mu.Lock()
 	v = append(v, lr.extra...)
 	lr.mu.Unlock()
-	v = append(v, lr.fc.applies.check(lr.hist.base, lr.sights)...)
+	v = append(v, lr.checkApplies()...)
 	return append(v, lr.hist.check(t.TempDir())...)
+}
+
+// checkApplies runs the apply log's checkers with the rule of lr's lock
+// for which grants may be held together.
+func (lr *loadRun) checkApplies() []string {
+	var may together
+	if lr.model != nil && lr.model.together != nil {
+		may = func(key string, held []keyGrant, next keyGrant) (bool, string) {
+			return lr.model.together(lr, key, held, next)
+		}
+	}
+	return lr.fc.applies.checkWith(lr.hist.base, lr.sights, may)
 }
 
 // nemesis injects one fault into a running cluster and heals it; it
@@ -1095,12 +1225,27 @@ type nemesisResult struct {
 // and again until soak ends, at least once), checks liveness after each
 // heal, then stops the load and runs every checker.
 func runNemesis(t *testing.T, nm nemesis, soak time.Duration, o faultOpts) nemesisResult {
+	return runNemesisModel(t, nm, soak, o, nil)
+}
+
+// runNemesisModel is runNemesis with the workers taking model's locks
+// (nil: Node.Lock); its summary line names the model ("nemesis
+// rw-disk-stall").
+func runNemesisModel(t *testing.T, nm nemesis, soak time.Duration, o faultOpts, model *familyModel) nemesisResult {
 	start := time.Now()
 	if o.ttl == 0 {
 		o.ttl = nemesisTTL
 	}
 	fc := startFaultCluster(t, o)
 	lr := newLoadRun(fc)
+	name := nm.name
+	if model != nil {
+		model.use(lr)
+		name = model.name + "-" + nm.name
+		if model.checkKeys != nil {
+			model.checkKeys(t, fc)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	wg := lr.start(ctx)
@@ -1115,7 +1260,10 @@ func runNemesis(t *testing.T, nm nemesis, soak time.Duration, o faultOpts) nemes
 	ops, keys := lr.hist.size()
 	r := nemesisResult{ops: ops, keys: keys, violations: lr.verify(t), elapsed: time.Since(start)}
 	t.Logf("%s; %d stale holders fenced off", fc.applies.describe(), lr.res.rejections.Load())
-	t.Logf("nemesis %s: %d ops, %d keys, %d violations, %.1fs", nm.name, r.ops, r.keys, len(r.violations), r.elapsed.Seconds())
+	if model != nil {
+		t.Logf("%d holders entered beside others with open leases", lr.res.beside.Load())
+	}
+	t.Logf("nemesis %s: %d ops, %d keys, %d violations, %.1fs", name, r.ops, r.keys, len(r.violations), r.elapsed.Seconds())
 	if len(r.violations) > 0 {
 		t.Logf("violations by checker: %v", violationKinds(r.violations))
 	}
@@ -1204,7 +1352,7 @@ func TestBrokenVariantIsCaught(t *testing.T) {
 func (lr *loadRun) untilOverlap(ctx context.Context, max int, round func()) int {
 	for i := 1; ; i++ {
 		round()
-		if i == max || ctx.Err() != nil || violationKinds(lr.fc.applies.check(lr.hist.base, lr.sights))["lease-overlap"] > 0 {
+		if i == max || ctx.Err() != nil || violationKinds(lr.checkApplies())["lease-overlap"] > 0 {
 			return i
 		}
 	}
@@ -1219,6 +1367,12 @@ func violationKinds(v []string) map[string]int {
 			kinds["porcupine"]++
 		case strings.Contains(s, "inside at once"):
 			kinds["inside-at-once"]++
+		case strings.Contains(s, "over the limit"):
+			kinds["permits-over-limit"]++
+		case strings.Contains(s, "partial hold"):
+			kinds["partial-hold"]++
+		case strings.Contains(s, "no replica applied"):
+			kinds["unapplied-grant"]++
 		case strings.Contains(s, "lease overlap"):
 			kinds["lease-overlap"]++
 		case strings.Contains(s, "fence admitted"):

@@ -2,6 +2,8 @@ package node
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -188,8 +190,20 @@ func (s *leaseSights) saw(key string, token uint64, who string, at int64) {
 }
 
 // check runs the apply log's checkers against the holders' sightings of
-// their own leases; base is the history's time zero.
+// their own leases, for mutexes; base is the history's time zero.
 func (a *applyLog) check(base time.Time, sights *leaseSights) []string {
+	return a.checkWith(base, sights, nil)
+}
+
+// together judges, for the lease-overlap checker, whether the earlier
+// grants held (their holders saw their leases open after next was first
+// applied) may be held together with next: ok, or why not (may be "").
+// nil is the mutex's rule: nothing may.
+type together func(key string, held []keyGrant, next keyGrant) (ok bool, why string)
+
+// checkWith is check with the lock's rule of which grants may be held
+// together (the lock family's read/write locks and semaphores).
+func (a *applyLog) checkWith(base time.Time, sights *leaseSights, may together) []string {
 	a.mu.Lock()
 	out := append([]string(nil), a.violations...)
 	a.mu.Unlock()
@@ -228,6 +242,12 @@ func (a *applyLog) check(base time.Time, sights *leaseSights) []string {
 		return locks[i].token < locks[j].token
 	})
 	at := func(t time.Time) float64 { return t.Sub(base).Seconds() }
+	// heldAt[key][j] lists the earlier grants of key whose holders saw
+	// their leases open after grant j was first applied. First-applied
+	// times rise along the commit order (every replica applies in order),
+	// so those are the grants after i up to the last applied before the
+	// sighting.
+	heldAt := map[string]map[int][]leaseKey{}
 	for _, lk := range locks {
 		s := sights.last[lk]
 		i, ok := pos[lk]
@@ -235,14 +255,42 @@ func (a *applyLog) check(base time.Time, sights *leaseSights) []string {
 			out = append(out, fmt.Sprintf("key %s: %s held token %d, which no replica applied a grant of", lk.key, s.who, lk.token))
 			continue
 		}
-		gs := byKey[lk.key]
-		if i+1 == len(gs) {
-			continue
+		gs, seen := byKey[lk.key], base.Add(time.Duration(s.at))
+		for j := i + 1; j < len(gs) && gs[j].first.Before(seen); j++ {
+			if heldAt[lk.key] == nil {
+				heldAt[lk.key] = map[int][]leaseKey{}
+			}
+			heldAt[lk.key][j] = append(heldAt[lk.key][j], lk)
 		}
-		next := gs[i+1]
-		if seen := base.Add(time.Duration(s.at)); next.first.Before(seen) {
-			out = append(out, fmt.Sprintf("key %s: lease overlap: %s saw its lease (token %d) open at %.3fs, %v after token %d (session %d of %s) was granted at shard %d index %d, first applied on %s at %.3fs",
-				lk.key, s.who, lk.token, time.Duration(s.at).Seconds(), seen.Sub(next.first).Round(time.Millisecond), next.Token, next.Session, next.Owner, next.shard, next.index, next.by, at(next.first)))
+	}
+	reported := map[leaseKey]bool{}
+	for _, key := range keys {
+		gs := byKey[key]
+		for _, j := range slices.Sorted(maps.Keys(heldAt[key])) {
+			lks, next := heldAt[key][j], gs[j]
+			held := make([]keyGrant, len(lks))
+			for n, lk := range lks {
+				held[n] = gs[pos[lk]]
+			}
+			ok, why := false, ""
+			if may != nil {
+				ok, why = may(key, held, next)
+			}
+			if ok {
+				continue
+			}
+			if why != "" {
+				why = " (" + why + ")"
+			}
+			for _, lk := range lks {
+				if reported[lk] {
+					continue
+				}
+				reported[lk] = true
+				s, seen := sights.last[lk], base.Add(time.Duration(sights.last[lk].at))
+				out = append(out, fmt.Sprintf("key %s: lease overlap: %s saw its lease (token %d) open at %.3fs, %v after token %d (session %d of %s) was granted at shard %d index %d, first applied on %s at %.3fs%s",
+					lk.key, s.who, lk.token, time.Duration(s.at).Seconds(), seen.Sub(next.first).Round(time.Millisecond), next.Token, next.Session, next.Owner, next.shard, next.index, next.by, at(next.first), why))
+			}
 		}
 	}
 	return out

@@ -186,12 +186,10 @@ func newClient(n *Node) *client.Client {
 		Clock:        leaseClock{n.cfg.clock},
 		// Rounds on Go's clock, as before the split: a jump of the lease
 		// clock moves deadlines, not the keepalives that keep them.
-		RoundClock: client.SystemClock{},
-		Log:        n.log,
-		Apply:      n.clientApply,
-		ApplyGroup: func(ctx context.Context, shard uint64, cmds []lockfsm.Command) ([]lockfsm.Result, error) {
-			return n.router.ApplyGroup(ctx, shard, cmds)
-		},
+		RoundClock:  client.SystemClock{},
+		Log:         n.log,
+		Apply:       n.clientApply,
+		ApplyGroup:  n.clientApplyGroup,
 		ReadAttempt: n.readAttempt,
 		// The router is made later, in open; keepalives start after it.
 		KeepAlive: func(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {
@@ -219,7 +217,32 @@ func (n *Node) clientApply(ctx context.Context, shard uint64, cmd lockfsm.Comman
 	if cmd.Op == lockfsm.OpCancel && n.hooks.dropCancels != nil && n.hooks.dropCancels() {
 		return lockfsm.Result{}, errors.New("cancel dropped by a test")
 	}
-	return n.apply(ctx, shard, cmd)
+	res, err := n.apply(ctx, shard, cmd)
+	if err == nil && cmd.Op == lockfsm.OpAcquire && n.hooks.unsafeGrantQueued {
+		res = grantQueued(res)
+	}
+	return res, err
+}
+
+// clientApplyGroup is ApplyGroup for the client side, where a test can
+// break it as clientApply.
+func (n *Node) clientApplyGroup(ctx context.Context, shard uint64, cmds []lockfsm.Command) ([]lockfsm.Result, error) {
+	res, err := n.router.ApplyGroup(ctx, shard, cmds)
+	if err == nil && n.hooks.unsafeGrantQueued {
+		for i := range res {
+			res[i] = grantQueued(res[i])
+		}
+	}
+	return res, err
+}
+
+// grantQueued is testHooks.unsafeGrantQueued's broken reading of an
+// acquire's answer: queued counts as granted.
+func grantQueued(res lockfsm.Result) lockfsm.Result {
+	if res.Status == lockfsm.StatusQueued {
+		res.Status = lockfsm.StatusGranted
+	}
+	return res
 }
 
 // readAttempt reads a lock attempt from the replicated state, for a
