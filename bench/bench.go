@@ -70,6 +70,38 @@ type Worker interface {
 	Close() error
 }
 
+// RWWorker is a Worker of a system with a read/write lock. The
+// rw-read-heavy workload runs only on systems whose workers implement it.
+type RWWorker interface {
+	Worker
+	// RLock blocks until key is held for reading (shared with other
+	// readers); WLock until it is held for writing (alone). token and
+	// hasToken are as for Lock: a grant's token must be above the last
+	// writer's, and a writer's above every earlier grant's.
+	RLock(ctx context.Context, key string) (token uint64, hasToken bool, unlock func(context.Context) error, err error)
+	WLock(ctx context.Context, key string) (token uint64, hasToken bool, unlock func(context.Context) error, err error)
+}
+
+// SemaphoreWorker is a Worker of a system with a counting semaphore. The
+// semaphore workload runs only on systems whose workers implement it.
+type SemaphoreWorker interface {
+	Worker
+	// Acquire blocks until n of the permits permits of key are held by
+	// this worker; unlock gives them back.
+	Acquire(ctx context.Context, key string, permits, n int) (unlock func(context.Context) error, err error)
+}
+
+// MultiWorker is a Worker of a system that takes several keys as one
+// grant. The lockall workload runs only on systems whose workers
+// implement it (lockall-seq runs on every system: it takes the keys with
+// Lock, one after another).
+type MultiWorker interface {
+	Worker
+	// LockAll blocks until every key is held, and returns each key's
+	// token in the order of keys when the system has them (hasToken).
+	LockAll(ctx context.Context, keys []string) (tokens []uint64, hasToken bool, unlock func(context.Context) error, err error)
+}
+
 // Factory makes a System. It returns an error wrapping ErrSkip when the
 // system cannot run here.
 type Factory func(env Env) (System, error)
@@ -160,7 +192,9 @@ func (o *Options) setDefaults() {
 }
 
 // Result is one system × workload × concurrency run. Latencies are of one
-// op: lock + unlock (try: one TryLock, plus the unlock when it succeeded).
+// op: lock + unlock (try: one TryLock, plus the unlock when it succeeded;
+// hold, rw-read-heavy and semaphore: the time held too); grant latencies
+// are of the lock call alone, until every key of the op is held.
 type Result struct {
 	System         string  `json:"system"`
 	Workload       string  `json:"workload"`
@@ -175,6 +209,8 @@ type Result struct {
 	P99ms          float64 `json:"p99_ms"`
 	P999ms         float64 `json:"p999_ms"`
 	MaxMs          float64 `json:"max_ms"`
+	GrantP50ms     float64 `json:"grant_p50_ms"`
+	GrantP99ms     float64 `json:"grant_p99_ms"`
 	Errors         int64   `json:"errors"`
 	FirstError     string  `json:"first_error,omitempty"`
 	Violations     int64   `json:"violations"`
@@ -187,7 +223,9 @@ type Result struct {
 // Run measures every system × workload × concurrency in opts. Each system
 // is started once, runs every workload and concurrency, and is stopped
 // before the next starts. A system that cannot run here (ErrSkip) is
-// skipped with a note on opts.Progress. Run returns the results so far and
+// skipped with a note on opts.Progress, and so is a workload whose lock a
+// system does not have (see RWWorker, SemaphoreWorker, MultiWorker). Run
+// returns the results so far and
 // the first error when ctx ends or a system fails to start.
 func Run(ctx context.Context, opts Options) ([]Result, error) {
 	opts.setDefaults()
@@ -258,6 +296,10 @@ func runSystem(ctx context.Context, name string, opts Options) ([]Result, error)
 				return results, err
 			}
 			r, err := runOne(ctx, sys, wl, c, opts)
+			if errors.Is(err, ErrSkip) {
+				fmt.Fprintf(opts.Progress, "skipping %s %s: %v\n", name, wl, err)
+				break // the system lacks this workload's lock at every concurrency
+			}
 			if err != nil {
 				return results, fmt.Errorf("%s c=%d: %w", wl, c, err)
 			}
@@ -274,8 +316,8 @@ func (r Result) summary() string {
 	if r.Workload == "contended" || r.Workload == "try" {
 		s += fmt.Sprintf(", %.0f handoffs/s", r.HandoffsPerSec)
 	}
-	s += fmt.Sprintf(", p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, errors %d, violations %d, cpu %.1fs",
-		r.P50ms, r.P99ms, r.P999ms, r.Errors, r.Violations, r.CPUSeconds)
+	s += fmt.Sprintf(", p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, grant p50 %.2f ms, p99 %.2f ms, errors %d, violations %d, cpu %.1fs",
+		r.P50ms, r.P99ms, r.P999ms, r.GrantP50ms, r.GrantP99ms, r.Errors, r.Violations, r.CPUSeconds)
 	if r.FirstError != "" {
 		s += "\n  first error: " + r.FirstError
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -57,6 +58,127 @@ func TestSmokeLockmesh(t *testing.T) {
 	}
 	if err := WriteSVG(&svg, results); err != nil || !strings.Contains(svg.String(), "<polyline") {
 		t.Errorf("svg: %v", err)
+	}
+}
+
+// TestSmokeLockmeshFamily runs the lock family's workloads on lockmesh for
+// about a second each, at a concurrency above the semaphore's permits:
+// every run must make progress with no error and no violation, and the
+// checker must have seen tokens wherever the workload checks them.
+func TestSmokeLockmeshFamily(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-peer cluster on disk")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var progress bytes.Buffer
+	family := []string{"rw-read-heavy", "rw-read-heavy-mutex", "semaphore", "lockall", "lockall-seq"}
+	results, err := Run(ctx, Options{
+		Systems:     []string{"lockmesh"},
+		Workloads:   family,
+		Concurrency: []int{semPermits + 4},
+		Duration:    time.Second,
+		Warmup:      200 * time.Millisecond,
+		Progress:    &progress,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, progress.String())
+	}
+	if len(results) != len(family) {
+		t.Fatalf("got %d results, want %d\n%s", len(results), len(family), progress.String())
+	}
+	for _, r := range results {
+		fencing := "checked"
+		if r.Workload == "semaphore" {
+			fencing = "n/a" // permit holders' tokens are not ordered among themselves
+		}
+		if r.Ops == 0 || r.Acquired != r.Ops || r.Violations != 0 || r.Errors != 0 || r.Fencing != fencing {
+			t.Errorf("%s c=%d: ops %d, acquired %d, errors %d (%s), violations %d (%s), fencing %s (want %s)",
+				r.Workload, r.Concurrency, r.Ops, r.Acquired, r.Errors, r.FirstError, r.Violations, r.FirstViolation, r.Fencing, fencing)
+		}
+	}
+}
+
+// TestRunSkipsMissingLock checks that a system whose workers lack a
+// workload's lock is skipped for that workload, with a note, and still
+// runs the others.
+func TestRunSkipsMissingLock(t *testing.T) {
+	Register("mutex-only-test", func(Env) (System, error) { return mutexOnly{}, nil })
+	var progress bytes.Buffer
+	results, err := Run(context.Background(), Options{
+		Systems:     []string{"mutex-only-test"},
+		Workloads:   []string{"rw-read-heavy", "semaphore", "lockall"},
+		Concurrency: []int{1, 2},
+		Progress:    &progress,
+	})
+	if err != nil || len(results) != 0 {
+		t.Fatalf("Run: %d results, %v\n%s", len(results), err, progress.String())
+	}
+	for _, want := range []string{"rw-read-heavy: bench: system skipped: mutex-only-test has no read/write lock",
+		"semaphore: bench: system skipped: mutex-only-test has no semaphore",
+		"lockall: bench: system skipped: mutex-only-test has no multi-key lock"} {
+		if !strings.Contains(progress.String(), want) {
+			t.Errorf("progress lacks %q:\n%s", want, progress.String())
+		}
+	}
+}
+
+// mutexOnly is a system whose workers have only a mutex, which is never
+// taken: the runs it is used for are skipped before any op.
+type mutexOnly struct{}
+
+func (mutexOnly) Name() string                  { return "mutex-only-test" }
+func (mutexOnly) Start(context.Context) error   { return nil }
+func (mutexOnly) NewWorker(int) (Worker, error) { return mutexOnly{}, nil }
+func (mutexOnly) Stop() error                   { return nil }
+func (mutexOnly) PIDs() []int                   { return nil }
+func (mutexOnly) Close() error                  { return nil }
+func (mutexOnly) Lock(context.Context, string) (uint64, bool, func(context.Context) error, error) {
+	return 0, false, nil, errors.New("not used")
+}
+func (mutexOnly) TryLock(context.Context, string) (uint64, bool, func(context.Context) error, error) {
+	return 0, false, nil, errors.New("not used")
+}
+
+// TestCheckerShared makes sure the checker's shared holds (readers,
+// permit holders) can fail too: shared holders may overlap each other,
+// but not an exclusive holder, not beyond their limit, and a reader's
+// token must be above the last writer's.
+func TestCheckerShared(t *testing.T) {
+	c := newChecker()
+	c.enterShared("r", 0, 3, true, 0)
+	c.enterShared("r", 1, 2, true, 0) // readers' tokens need not be in entry order
+	if got := c.violations.Load(); got != 0 {
+		t.Fatalf("two readers flagged: %d violations", got)
+	}
+	c.enter("r", 2, 9, true) // a writer while readers are inside
+	if got := c.violations.Load(); got != 1 {
+		t.Fatalf("writer over readers: %d violations, want 1", got)
+	}
+	c.exit("r", 2)
+	c.exitShared("r", 0)
+	c.exitShared("r", 1)
+	c.enter("r", 2, 3, true) // a writer's token not above an earlier reader's
+	if got := c.violations.Load(); got != 2 {
+		t.Fatalf("writer token below a reader's: %d violations, want 2", got)
+	}
+	c.exit("r", 2)
+	c.enter("r", 2, 10, true)
+	c.exit("r", 2)
+	c.enterShared("r", 0, 10, true, 0) // a reader's token not above the last writer's
+	if got := c.violations.Load(); got != 3 {
+		t.Fatalf("reader token not above the writer's: %d violations, want 3", got)
+	}
+	c.exitShared("r", 0)
+	c.exitShared("r", 0) // leaving twice
+	if got := c.violations.Load(); got != 4 {
+		t.Fatalf("double shared exit: %d violations, want 4", got)
+	}
+	c.enterShared("s", 0, 0, false, 2)
+	c.enterShared("s", 1, 0, false, 2)
+	c.enterShared("s", 2, 0, false, 2) // a third holder of 2 permits
+	if got := c.violations.Load(); got != 5 {
+		t.Fatalf("over the limit: %d violations, want 5", got)
 	}
 }
 

@@ -65,15 +65,20 @@ func (s *lockmeshSystem) NewWorker(id int) (Worker, error) {
 	if len(s.peers) == 0 {
 		return nil, errors.New("lockmesh is not started")
 	}
-	return lockmeshWorker{s.peers[id%len(s.peers)], s.release}, nil
+	return &lockmeshWorker{n: s.peers[id%len(s.peers)], release: s.release}, nil
 }
 
+// lockmeshWorker takes mutexes with Node.Lock, on the node's default
+// sessions, and the lock family (read/write locks, semaphores, LockAll)
+// through a Session of its own, opened at its first family lock, as an
+// etcd worker's concurrency.Session.
 type lockmeshWorker struct {
 	n       *node.Node
 	release bool
+	sess    *node.Session
 }
 
-func (w lockmeshWorker) Lock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
+func (w *lockmeshWorker) Lock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
 	l, err := w.n.Lock(ctx, key)
 	if err != nil {
 		return 0, false, nil, err
@@ -82,14 +87,14 @@ func (w lockmeshWorker) Lock(ctx context.Context, key string) (uint64, bool, fun
 }
 
 // unlock is how the worker gives l up: Unlock, or Release with release set.
-func (w lockmeshWorker) unlock(l *node.Lock) func(context.Context) error {
+func (w *lockmeshWorker) unlock(l *node.Lock) func(context.Context) error {
 	if w.release {
 		return func(context.Context) error { return l.Release() }
 	}
 	return l.Unlock
 }
 
-func (w lockmeshWorker) TryLock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
+func (w *lockmeshWorker) TryLock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
 	l, err := w.n.TryLock(ctx, key)
 	if errors.Is(err, node.ErrLocked) {
 		return 0, false, nil, fmt.Errorf("%w: %v", ErrBusy, err)
@@ -100,7 +105,79 @@ func (w lockmeshWorker) TryLock(ctx context.Context, key string) (uint64, bool, 
 	return l.Token(), true, w.unlock(l), nil
 }
 
-func (w lockmeshWorker) Close() error { return nil }
+// session returns the worker's Session, opening it on first use.
+func (w *lockmeshWorker) session(ctx context.Context) (*node.Session, error) {
+	if w.sess == nil {
+		s, err := w.n.NewSession(ctx)
+		if err != nil {
+			return nil, err
+		}
+		w.sess = s
+	}
+	return w.sess, nil
+}
+
+func (w *lockmeshWorker) RLock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
+	return w.rw(ctx, key, (*node.RWMutex).RLock)
+}
+
+func (w *lockmeshWorker) WLock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
+	return w.rw(ctx, key, (*node.RWMutex).Lock)
+}
+
+func (w *lockmeshWorker) rw(ctx context.Context, key string, lock func(*node.RWMutex, context.Context) (*node.Lock, error)) (uint64, bool, func(context.Context) error, error) {
+	s, err := w.session(ctx)
+	if err != nil {
+		return 0, false, nil, err
+	}
+	l, err := lock(s.RWMutex(key), ctx)
+	if err != nil {
+		return 0, false, nil, err
+	}
+	return l.Token(), true, w.unlock(l), nil
+}
+
+func (w *lockmeshWorker) Acquire(ctx context.Context, key string, permits, n int) (func(context.Context) error, error) {
+	s, err := w.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l, err := s.Semaphore(key, permits).Acquire(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	return w.unlock(l), nil
+}
+
+func (w *lockmeshWorker) LockAll(ctx context.Context, keys []string) ([]uint64, bool, func(context.Context) error, error) {
+	s, err := w.session(ctx)
+	if err != nil {
+		return nil, false, nil, err
+	}
+	m, err := s.LockAll(ctx, keys...)
+	if err != nil {
+		return nil, false, nil, err
+	}
+	tokens := make([]uint64, 0, len(keys))
+	for _, l := range m.Locks() {
+		tokens = append(tokens, l.Token())
+	}
+	if w.release {
+		return tokens, true, func(context.Context) error { return m.Release() }, nil
+	}
+	return tokens, true, m.Unlock, nil
+}
+
+// Close closes the worker's Session, if it opened one, which frees
+// anything it still holds at once.
+func (w *lockmeshWorker) Close() error {
+	if w.sess == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return w.sess.Close(ctx)
+}
 
 // StartLockmesh starts n peers on 127.0.0.1 that bootstrap one cluster, each
 // with its data under dir, and waits until every one is ready. tune, when

@@ -213,5 +213,5 @@ func (s *lockmesh3Proc) NewWorker(int) (Worker, error) {
 	if s.client == nil {
 		return nil, errors.New("lockmesh-3proc is not started")
 	}
-	return lockmeshWorker{n: s.client}, nil
+	return &lockmeshWorker{n: s.client}, nil
 }

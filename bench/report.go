@@ -76,7 +76,8 @@ func order(results []Result) (systems, workloads []string, concs []int, cells ma
 
 // WriteMarkdown writes two tables: the headline number of each system per
 // workload and concurrency with lockmesh/peer ratios (handoffs/s for the
-// contended workload, ops/s otherwise), and every measured field.
+// contended workload, ops/s otherwise), and every measured field. A
+// system that lacks a workload's lock has "–" in its cells.
 func WriteMarkdown(w io.Writer, results []Result) error {
 	systems, workloads, concs, cells := order(results)
 	var peers []string
@@ -127,8 +128,8 @@ func WriteMarkdown(w io.Writer, results []Result) error {
 			b.WriteString("\n")
 		}
 	}
-	b.WriteString("\n| system | workload | c | ops/s | handoffs/s | p50 ms | p99 ms | p99.9 ms | errors | violations | fencing | CPU s |\n")
-	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|\n")
+	b.WriteString("\n| system | workload | c | ops/s | handoffs/s | p50 ms | p99 ms | p99.9 ms | grant p50 ms | grant p99 ms | errors | violations | fencing | CPU s |\n")
+	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|\n")
 	for _, s := range systems {
 		for _, wl := range workloads {
 			for _, c := range concs {
@@ -136,9 +137,9 @@ func WriteMarkdown(w io.Writer, results []Result) error {
 				if !ok {
 					continue
 				}
-				fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.2f | %.2f | %.2f | %d | %d | %s | %.1f |\n",
+				fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %d | %d | %s | %.1f |\n",
 					s, wl, c, num(r.OpsPerSec), num(r.HandoffsPerSec), r.P50ms, r.P99ms, r.P999ms,
-					r.Errors, r.Violations, r.Fencing, r.CPUSeconds)
+					r.GrantP50ms, r.GrantP99ms, r.Errors, r.Violations, r.Fencing, r.CPUSeconds)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 // Command compare runs lockmesh's benchmark harness against the lock
 // services people would otherwise deploy: etcd (embedded 3-member cluster,
-// clientv3 concurrency.Mutex), a 3-server ZooKeeper ensemble (the
+// clientv3 concurrency.Mutex, and recipes.RWMutex for the read/write
+// workload), a 3-server ZooKeeper ensemble (the
 // sequential-ephemeral lock recipe), Redis with appendfsync always
 // (redsync) and Redlock over 3 such Redis (redsync). It is its own module so
 // that lockmesh's go.mod never depends on their clients.
