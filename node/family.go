@@ -288,12 +288,20 @@ func (m *MultiLock) Err() error {
 }
 
 // Unlock releases every lock, waiting as Lock.Unlock does, and returns
-// the errors of those that failed, joined.
+// the errors of those that failed, joined. The releases go out together,
+// so those of one shard share a Raft entry and Unlock costs about one
+// commit, not one per key.
 func (m *MultiLock) Unlock(ctx context.Context) error {
 	errs := make([]error, len(m.locks))
+	var wg sync.WaitGroup
 	for i, l := range m.locks {
-		errs[i] = l.Unlock(ctx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = l.Unlock(ctx)
+		}()
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
