@@ -34,6 +34,7 @@ func startExamplePeer() (*node.Node, func()) {
 		BootstrapExpect:   1,
 		ReplicationFactor: 1,
 		Shards:            2,
+		RTT:               10 * time.Millisecond, // one machine: elect in ~0.1s, not ~1s
 	})
 	if err != nil {
 		log.Fatal(err)
