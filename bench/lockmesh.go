@@ -125,7 +125,7 @@ func (w *lockmeshWorker) WLock(ctx context.Context, key string) (uint64, bool, f
 	return w.rw(ctx, key, (*node.RWMutex).Lock)
 }
 
-func (w *lockmeshWorker) rw(ctx context.Context, key string, lock func(*node.RWMutex, context.Context) (*node.Lock, error)) (uint64, bool, func(context.Context) error, error) {
+func (w *lockmeshWorker) rw(ctx context.Context, key string, lock func(*node.RWMutex, context.Context, ...node.LockOption) (*node.Lock, error)) (uint64, bool, func(context.Context) error, error) {
 	s, err := w.session(ctx)
 	if err != nil {
 		return 0, false, nil, err
