@@ -237,6 +237,10 @@ func DecodeCommands(b []byte) ([]Command, error) {
 		if d.err == nil && (c.Op == 0 || c.Op > maxOp) {
 			d.err = fmt.Errorf("lockfsm: decode commands: %w: %v, written by a newer release: upgrade this peer", ErrUnsupported, c.Op)
 		}
+		if d.err == nil && d.version != FormatTagged && c.Op > OpLeaderTerm {
+			// The positional formats predate it: nothing writes it there.
+			d.fail("op %v in format %d, which only FormatTagged carries", c.Op, d.version)
+		}
 		if d.err != nil {
 			return nil, fmt.Errorf("%w (command %d)", d.err, i)
 		}
