@@ -530,7 +530,10 @@ func TestGroupsStayWholeInOneEntry(t *testing.T) {
 	p := threePeers()
 	a, _ := p.ReplicaID(shard, "a")
 	h := &fakeHost{p: p, hosted: true, leader: a, gate: make(chan struct{})}
-	r := newTestRouter(t, h, nil)
+	// A long RTT, so the proposals held at the gate do not time out while
+	// thousands of commands queue behind them (slow under -race).
+	r := New(Config{Name: "a", RTT: 10 * time.Second, Peers: &fakePeers{f: func(string, []byte) ([]byte, error) { return nil, errors.New("no peers") }}, ProposeMethod: 1}, h)
+	t.Cleanup(r.Close)
 	ctx := context.Background()
 
 	var first []*RequestState
