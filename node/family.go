@@ -1,10 +1,10 @@
 package node
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -369,13 +369,7 @@ func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (*Multi
 	for _, key := range keys {
 		byShard[p.ShardOf(key)] = append(byShard[p.ShardOf(key)], key)
 	}
-	shards := slices.Sorted(func(yield func(uint64) bool) {
-		for shard := range byShard {
-			if !yield(shard) {
-				return
-			}
-		}
-	})
+	shards := slices.Sorted(maps.Keys(byShard))
 	held := map[string]*Lock{}
 	giveBack := func() {
 		if n.hooks.unsafeKeepPartialLockAll {
@@ -386,7 +380,7 @@ func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (*Multi
 		}
 	}
 	for _, shard := range shards {
-		group := slices.SortedFunc(slices.Values(byShard[shard]), cmp.Compare[string])
+		group := slices.Sorted(slices.Values(byShard[shard]))
 		specs := make([]client.Spec, len(group))
 		for i := range specs {
 			specs[i] = spec

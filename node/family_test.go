@@ -2,7 +2,6 @@ package node
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -217,26 +216,7 @@ func TestLockFamilyThroughTheAPI(t *testing.T) {
 // Below feature level 3 the family is refused with ErrIncompatible and
 // mutexes go on: one peer plays a release that speaks level 2.
 func TestLockFamilyNeedsLevel3(t *testing.T) {
-	o := clusterOpts{expect: 3, shards: 1, rf: 3}
-	var ps []*testPeer
-	for i := range 3 {
-		ps = append(ps, &testPeer{cfg: testConfig(t, fmt.Sprintf("old-%d", i+1), o)})
-	}
-	ps[2].hooks.holdLevel = 2
-	t.Cleanup(func() {
-		for _, p := range ps {
-			p.stop()
-		}
-	})
-	for i, p := range ps {
-		if i > 0 {
-			p.cfg.Join = []string{ps[0].node.GossipAddr()}
-		}
-		p.start(t)
-	}
-	for _, p := range ps {
-		p.waitReady(t)
-	}
+	ps := startMixedCluster(t, clusterOpts{expect: 3, shards: 1, rf: 3}, "old", 2)
 	n := ps[0].node
 	ctx := ctxT(t, 30*time.Second)
 	s, err := n.NewSession(ctx)

@@ -162,28 +162,8 @@ func waitConverged(t *testing.T, peers []*testPeer, shard uint64) {
 // every replica of every shard holds the same state. A Session's locks
 // show its ID in Inspect once the level is raised, and 0 before.
 func TestRollingUpgradeFromLevel1(t *testing.T) {
-	o := clusterOpts{expect: 3, shards: 2, rf: 3}
-	var peers []*testPeer
-	for i := range 3 {
-		p := &testPeer{cfg: testConfig(t, fmt.Sprintf("peer-%d", i+1), o)}
-		peers = append(peers, p)
-	}
+	peers := startMixedCluster(t, clusterOpts{expect: 3, shards: 2, rf: 3}, "peer", 1)
 	old := peers[2]
-	old.hooks.holdLevel = 1
-	t.Cleanup(func() {
-		for _, p := range peers {
-			p.stop()
-		}
-	})
-	for i, p := range peers {
-		if i > 0 {
-			p.cfg.Join = []string{peers[0].node.GossipAddr()}
-		}
-		p.start(t)
-	}
-	for _, p := range peers {
-		p.waitReady(t)
-	}
 	for _, p := range peers {
 		pl := p.node.placement.Load()
 		if levelOf(pl) != 1 || pl.KeyScheme != layout.KeySchemeWhole {
@@ -337,4 +317,31 @@ func keyOnShard(p *layout.Placement, shard uint64, prefix string) string {
 			return key
 		}
 	}
+}
+
+// startMixedCluster forms a cluster of o.expect peers named prefix-1 and
+// on, the last held to feature level hold as a peer of an older release,
+// and waits until every one is ready.
+func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold uint8) []*testPeer {
+	t.Helper()
+	var peers []*testPeer
+	for i := range o.expect {
+		peers = append(peers, &testPeer{cfg: testConfig(t, fmt.Sprintf("%s-%d", prefix, i+1), o)})
+	}
+	peers[len(peers)-1].hooks.holdLevel = hold
+	t.Cleanup(func() {
+		for _, p := range peers {
+			p.stop()
+		}
+	})
+	for i, p := range peers {
+		if i > 0 {
+			p.cfg.Join = []string{peers[0].node.GossipAddr()}
+		}
+		p.start(t)
+	}
+	for _, p := range peers {
+		p.waitReady(t)
+	}
+	return peers
 }
