@@ -165,16 +165,7 @@ func TestCommandsQueuedMeanwhileShareOneEntry(t *testing.T) {
 	r := newTestRouter(t, h, nil)
 	ctx := context.Background()
 
-	// Fill every in-flight slot of the local batcher with one command each.
-	var first []*RequestState
-	for i := range maxInflightLocal {
-		rs, err := r.Propose(ctx, shard, acquire(uint64(i+1)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		first = append(first, rs)
-		waitFor(t, func() bool { return h.waitingAtGate() == i+1 })
-	}
+	first := fillInflight(t, r, h)
 	// These wait for a slot, so they are batched together: the batcher
 	// holds what was queued when it started waiting for a slot, and takes
 	// the rest when that batch goes out.
@@ -536,15 +527,7 @@ func TestGroupsStayWholeInOneEntry(t *testing.T) {
 	t.Cleanup(r.Close)
 	ctx := context.Background()
 
-	var first []*RequestState
-	for i := range maxInflightLocal {
-		rs, err := r.Propose(ctx, shard, acquire(uint64(i+1)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		first = append(first, rs)
-		waitFor(t, func() bool { return h.waitingAtGate() == i+1 })
-	}
+	first := fillInflight(t, r, h)
 	// Singles fill the next batch to MaxBatch-2, then a group of 3 that
 	// does not fit, then more singles.
 	var singles []*RequestState
@@ -638,4 +621,20 @@ func TestServeProposeKeepsGroupsWhole(t *testing.T) {
 			}
 		}
 	}
+}
+
+// fillInflight fills every in-flight slot of r's local batcher with one
+// acquire each (request ids 1 and on), held at h's gate, and returns them.
+func fillInflight(t *testing.T, r *Router, h *fakeHost) []*RequestState {
+	t.Helper()
+	var first []*RequestState
+	for i := range maxInflightLocal {
+		rs, err := r.Propose(context.Background(), shard, acquire(uint64(i+1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = append(first, rs)
+		waitFor(t, func() bool { return h.waitingAtGate() == i+1 })
+	}
+	return first
 }
