@@ -3,7 +3,6 @@ package leader
 import (
 	"context"
 	"errors"
-	"math"
 	"sync"
 	"time"
 
@@ -128,7 +127,7 @@ func (s *Sessions) expireSessions(ctx context.Context, shard, term uint64, sessi
 func (s *Sessions) expireHolds(ctx context.Context, shard, term uint64, holds []lockfsm.HoldInfo) {
 	cmds := make([]lockfsm.Command, len(holds))
 	for i, h := range holds {
-		s.log.Info("ending a hold at its maximum", "shard", shard, "term", term, "session", h.Session, "req", h.Req, "max_hold", millis(h.MaxHoldMillis))
+		s.log.Info("ending a hold at its maximum", "shard", shard, "term", term, "session", h.Session, "req", h.Req, "max_hold", lease.Millis(h.MaxHoldMillis))
 		cmds[i] = lockfsm.Command{Op: lockfsm.OpExpireHold, Session: h.Session, Target: h.Req, Term: term}
 	}
 	s.proposeExpiries(ctx, shard, cmds)
@@ -154,11 +153,6 @@ func (s *Sessions) proposeExpiries(ctx context.Context, shard uint64, cmds []loc
 		}()
 	}
 	wg.Wait()
-}
-
-// millis is ms milliseconds as a Duration, for logs.
-func millis(ms uint64) time.Duration {
-	return time.Duration(min(ms, math.MaxInt64/uint64(time.Millisecond))) * time.Millisecond
 }
 
 // recordTerm commits LeaderTerm for term on shard (rule 0), as long as this

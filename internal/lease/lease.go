@@ -310,7 +310,7 @@ func (s *shardLeases) endedHolds(held []lockfsm.HoldInfo, now time.Time) []lockf
 			seen = now
 			s.holdSeen[k] = seen
 		}
-		if !s.holdEnding[k] && now.Sub(seen) >= millis(h.MaxHoldMillis) {
+		if !s.holdEnding[k] && now.Sub(seen) >= Millis(h.MaxHoldMillis) {
 			s.holdEnding[k] = true
 			ended = append(ended, h)
 		}
@@ -324,8 +324,9 @@ func (s *shardLeases) endedHolds(held []lockfsm.HoldInfo, now time.Time) []lockf
 	return ended
 }
 
-// millis is ms milliseconds, or the longest Duration when that is longer.
-func millis(ms uint64) time.Duration {
+// Millis is ms milliseconds (a TTLMillis or MaxHoldMillis of the
+// replicated state), or the longest Duration when that is longer.
+func Millis(ms uint64) time.Duration {
 	if ms > math.MaxInt64/uint64(time.Millisecond) {
 		return math.MaxInt64
 	}
@@ -349,10 +350,7 @@ func (t *Table) ttl(info lockfsm.SessionInfo) time.Duration {
 	if t.expireAfter > 0 {
 		return t.expireAfter
 	}
-	if info.TTLMillis > math.MaxInt64/uint64(time.Millisecond) {
-		return math.MaxInt64 // longer than a Duration: never lapses
-	}
-	return time.Duration(info.TTLMillis) * time.Millisecond
+	return Millis(info.TTLMillis) // longer than a Duration: never lapses
 }
 
 func later(a, b time.Time) time.Time {
