@@ -113,6 +113,9 @@ type Env struct {
 	Dir string
 	// Log receives the system's own notes (not the servers' logs).
 	Log io.Writer
+	// Shards is the lock shard count lockmesh clusters are created with;
+	// 0 keeps node's default. Other systems ignore it.
+	Shards int
 }
 
 var (
@@ -158,6 +161,7 @@ type Options struct {
 	Hold        time.Duration // how long the hold workload holds each lock
 	Keys        int           // key space of the uncontended and hold workloads
 	OpTimeout   time.Duration // bound on one lock call; a timeout is an error
+	Shards      int           // lockmesh's shard count; 0 keeps node's default
 	Progress    io.Writer     // one progress line per second; nil for none
 }
 
@@ -217,7 +221,23 @@ type Result struct {
 	FirstViolation string  `json:"first_violation,omitempty"`
 	Fencing        string  `json:"fencing"` // "checked" or "n/a" (system has no tokens)
 	CPUSeconds     float64 `json:"cpu_seconds"`
-	StartupSeconds float64 `json:"startup_seconds"` // of the system, once per system
+	CPUMicrosPerOp float64 `json:"cpu_us_per_op"` // CPUSeconds per op
+	// FlushesPerOp is the flushes the disk under the systems' data
+	// completed per op (each fsync or fdatasync that reached it), counted
+	// machine-wide from /proc/diskstats; nil where that is not available.
+	FlushesPerOp *float64 `json:"flushes_per_op,omitempty"`
+	// CommandsPerEntry is lockmesh's lock commands per Raft entry over the
+	// run (EntryCounter); nil for other systems.
+	CommandsPerEntry *float64 `json:"commands_per_entry,omitempty"`
+	StartupSeconds   float64  `json:"startup_seconds"` // of the system, once per system
+}
+
+// EntryCounter is implemented by systems that count their replicated
+// log's entries and the commands in them (in-process lockmesh), so that
+// results show how well commands batch.
+type EntryCounter interface {
+	// RaftCounts returns the entries and commands applied so far.
+	RaftCounts() (entries, commands uint64)
 }
 
 // Run measures every system × workload × concurrency in opts. Each system
@@ -261,7 +281,7 @@ func runSystem(ctx context.Context, name string, opts Options) ([]Result, error)
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	sys, err := f(Env{Dir: dir, Log: opts.Progress})
+	sys, err := f(Env{Dir: dir, Log: opts.Progress, Shards: opts.Shards})
 	if err != nil {
 		return nil, err
 	}
@@ -311,13 +331,22 @@ func runSystem(ctx context.Context, name string, opts Options) ([]Result, error)
 	return results, nil
 }
 
+// optNum renders an optional measurement, "n/a" when it was not taken.
+func optNum(v *float64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", *v)
+}
+
 func (r Result) summary() string {
 	s := fmt.Sprintf("= %s %s c=%d: %.0f ops/s", r.System, r.Workload, r.Concurrency, r.OpsPerSec)
 	if r.Workload == "contended" || r.Workload == "try" {
 		s += fmt.Sprintf(", %.0f handoffs/s", r.HandoffsPerSec)
 	}
-	s += fmt.Sprintf(", p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, grant p50 %.2f ms, p99 %.2f ms, errors %d, violations %d, cpu %.1fs",
-		r.P50ms, r.P99ms, r.P999ms, r.GrantP50ms, r.GrantP99ms, r.Errors, r.Violations, r.CPUSeconds)
+	s += fmt.Sprintf(", p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, grant p50 %.2f ms, p99 %.2f ms, errors %d, violations %d, cpu %.1fs (%.0f us/op), flushes/op %s, cmds/entry %s",
+		r.P50ms, r.P99ms, r.P999ms, r.GrantP50ms, r.GrantP99ms, r.Errors, r.Violations, r.CPUSeconds,
+		r.CPUMicrosPerOp, optNum(r.FlushesPerOp), optNum(r.CommandsPerEntry))
 	if r.FirstError != "" {
 		s += "\n  first error: " + r.FirstError
 	}

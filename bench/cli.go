@@ -36,6 +36,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		warmup    = fs.Duration("warmup", time.Second, "unmeasured time before each run")
 		hold      = fs.Duration("hold", 10*time.Millisecond, "how long the hold workload holds each lock")
 		keys      = fs.Int("keys", 100_000, "key space of the uncontended and hold workloads")
+		shards    = fs.Int("shards", 0, "lock shards of the lockmesh clusters the bench creates (0: node's default)")
 		out       = fs.String("out", "", "directory for results.jsonl, results.md, throughput.svg (and footprint.json); empty writes none")
 		footprint = fs.Bool("footprint", false, "also measure lockmesh's start-up time, idle CPU and memory per held lock")
 		startups  = fs.Int("startups", 3, "with -footprint: start-ups to time")
@@ -69,6 +70,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		Warmup:      *warmup,
 		Hold:        *hold,
 		Keys:        *keys,
+		Shards:      *shards,
 		Progress:    stdout,
 	}
 

@@ -14,10 +14,10 @@ import (
 
 func init() {
 	Register("lockmesh", func(env Env) (System, error) {
-		return &lockmeshSystem{dir: env.Dir}, nil
+		return &lockmeshSystem{dir: env.Dir, shards: env.Shards}, nil
 	})
 	Register("lockmesh-release", func(env Env) (System, error) {
-		return &lockmeshSystem{dir: env.Dir, release: true}, nil
+		return &lockmeshSystem{dir: env.Dir, shards: env.Shards, release: true}, nil
 	})
 }
 
@@ -27,6 +27,7 @@ func init() {
 // not wait for the release to commit, instead of Lock.Unlock.
 type lockmeshSystem struct {
 	dir     string
+	shards  int // 0: node's default
 	release bool
 	peers   []*node.Node
 }
@@ -39,8 +40,19 @@ func (s *lockmeshSystem) Name() string {
 }
 func (s *lockmeshSystem) PIDs() []int { return nil }
 
+// RaftCounts sums the peers' counters: every replica applies every entry
+// of its shard, so the ratio is that of the shards' entries.
+func (s *lockmeshSystem) RaftCounts() (entries, commands uint64) {
+	for _, p := range s.peers {
+		st := p.Stats()
+		entries += st.RaftEntries
+		commands += st.Commands
+	}
+	return entries, commands
+}
+
 func (s *lockmeshSystem) Start(ctx context.Context) error {
-	peers, err := StartLockmesh(ctx, s.dir, 3, nil)
+	peers, err := StartLockmesh(ctx, s.dir, 3, func(c *node.Config) { c.Shards = s.shards })
 	s.peers = peers
 	return err
 }

@@ -128,8 +128,8 @@ func WriteMarkdown(w io.Writer, results []Result) error {
 			b.WriteString("\n")
 		}
 	}
-	b.WriteString("\n| system | workload | c | ops/s | handoffs/s | p50 ms | p99 ms | p99.9 ms | grant p50 ms | grant p99 ms | errors | violations | fencing | CPU s |\n")
-	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|\n")
+	b.WriteString("\n| system | workload | c | ops/s | handoffs/s | p50 ms | p99 ms | p99.9 ms | grant p50 ms | grant p99 ms | errors | violations | fencing | CPU s | CPU µs/op | disk flushes/op | cmds/entry |\n")
+	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|\n")
 	for _, s := range systems {
 		for _, wl := range workloads {
 			for _, c := range concs {
@@ -137,9 +137,10 @@ func WriteMarkdown(w io.Writer, results []Result) error {
 				if !ok {
 					continue
 				}
-				fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %d | %d | %s | %.1f |\n",
+				fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %d | %d | %s | %.1f | %.0f | %s | %s |\n",
 					s, wl, c, num(r.OpsPerSec), num(r.HandoffsPerSec), r.P50ms, r.P99ms, r.P999ms,
-					r.GrantP50ms, r.GrantP99ms, r.Errors, r.Violations, r.Fencing, r.CPUSeconds)
+					r.GrantP50ms, r.GrantP99ms, r.Errors, r.Violations, r.Fencing, r.CPUSeconds,
+					r.CPUMicrosPerOp, optNum(r.FlushesPerOp), optNum(r.CommandsPerEntry))
 			}
 		}
 	}

@@ -278,12 +278,16 @@ func runOne(ctx context.Context, sys System, workload string, conc int, opts Opt
 		return Result{}, err
 	}
 	cpu0 := cpuSeconds(pids)
+	flush0, flushOK := diskFlushes(os.TempDir())
+	ent0, cmd0, counted := raftCounts(sys)
 	start := time.Now()
 	chk.recording.Store(true)
 	err := tick(ctx, opts.Duration, func() { progress("run", start) })
 	chk.recording.Store(false)
 	elapsed := time.Since(start)
 	cpu1 := cpuSeconds(pids)
+	flush1, _ := diskFlushes(os.TempDir())
+	ent1, cmd1, _ := raftCounts(sys)
 	stop()
 	wg.Wait()
 	if err != nil {
@@ -318,6 +322,17 @@ func runOne(ctx context.Context, sys System, workload string, conc int, opts Opt
 		r.Fencing = "checked"
 	}
 	r.OpsPerSec = float64(r.Ops) / r.Seconds
+	if r.Ops > 0 {
+		r.CPUMicrosPerOp = r.CPUSeconds * 1e6 / float64(r.Ops)
+		if flushOK {
+			v := float64(flush1-flush0) / float64(r.Ops)
+			r.FlushesPerOp = &v
+		}
+	}
+	if counted && ent1 > ent0 {
+		v := float64(cmd1-cmd0) / float64(ent1-ent0)
+		r.CommandsPerEntry = &v
+	}
 	r.HandoffsPerSec = float64(r.Handoffs) / r.Seconds
 	q := quantiles(lat, 0.5, 0.99, 0.999, 1)
 	r.P50ms, r.P99ms, r.P999ms, r.MaxMs = ms(q[0]), ms(q[1]), ms(q[2]), ms(q[3])
@@ -528,4 +543,14 @@ func pause(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// raftCounts reads sys's entry and command counters, if it has them.
+func raftCounts(sys System) (entries, commands uint64, ok bool) {
+	c, ok := sys.(EntryCounter)
+	if !ok {
+		return 0, 0, false
+	}
+	entries, commands = c.RaftCounts()
+	return entries, commands, true
 }

@@ -69,6 +69,7 @@ type Node struct {
 	joinAddrs    []string // Config.Join and the known peers, set by open
 
 	router *router.Router // batching, forwarding, retries, the leader cache
+	counts replica.Counts // what this peer's lock replicas applied (Stats)
 
 	// client is the client side of sessions: the live Sessions, the
 	// default session of each shard (Node.Lock), their leases, the
@@ -427,7 +428,8 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 			return replica.NewLock(replica.LockConfig{Shard: shard, OnGrant: n.leading.OnApplyGrants,
 				OnApply: n.hooks.onApply, SkipTermCheck: n.hooks.unsafeSkipExpiryTerm,
 				MaxFormat: commandFormat(n.topLevel()), MaxSnapshot: n.hooks.holdSnapshot,
-				SnapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, Halt: halt})
+				SnapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, Halt: halt,
+				Counts: &n.counts})
 		}
 	}
 	return n.replicas.Start(p, shard, r, create)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"sync/atomic"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
@@ -39,6 +40,17 @@ type LockConfig struct {
 	SnapshotFormat func() byte
 	// Halt is this replica's Halter; the state machine keeps its own copy.
 	Halt Halter
+	// Counts, when not nil, counts the entries and commands applied; the
+	// peer's replicas share one.
+	Counts *Counts
+}
+
+// Counts are counters of what a peer's lock replicas applied, shared by
+// them and safe for concurrent use.
+type Counts struct {
+	// Entries is the Raft entries applied, Commands the commands in them:
+	// Commands/Entries is how many commands an entry carries on average.
+	Entries, Commands atomic.Uint64
 }
 
 // Lock adapts lockfsm.State to dragonboat's IStateMachine: the state
@@ -55,6 +67,7 @@ type Lock struct {
 	maxSnapshot    byte
 	snapshotFormat func() byte
 	halt           Halter
+	counts         *Counts
 }
 
 // NewLock returns the state machine of a new replica of cfg.Shard, with an
@@ -67,7 +80,7 @@ func NewLock(cfg LockConfig) *Lock {
 	return &Lock{shard: cfg.Shard, state: lockfsm.New(), onGrant: cfg.OnGrant,
 		onApply: cfg.OnApply, skipTermCheck: cfg.SkipTermCheck,
 		maxFormat: maxFormat, maxSnapshot: cfg.MaxSnapshot,
-		snapshotFormat: cfg.SnapshotFormat, halt: cfg.Halt}
+		snapshotFormat: cfg.SnapshotFormat, halt: cfg.Halt, counts: cfg.Counts}
 }
 
 // ResultHalted is the Value of an entry a lock replica did not apply
@@ -94,6 +107,10 @@ func (s *Lock) Update(e sm.Entry) (sm.Result, error) {
 		}
 	}
 	results, grants := s.state.Apply(e.Index, cmds)
+	if s.counts != nil {
+		s.counts.Entries.Add(1)
+		s.counts.Commands.Add(uint64(len(cmds)))
+	}
 	if s.onApply != nil {
 		s.onApply(s.shard, e.Index, grants)
 	}
