@@ -28,20 +28,20 @@ func (s *State) Verify() error {
 		if k.limit == 0 {
 			return fmt.Errorf("key %q: limit 0", key)
 		}
-		if len(k.holders) == 0 && len(k.waiters()) == 0 {
+		if len(k.holders()) == 0 && len(k.waiters()) == 0 {
 			return fmt.Errorf("key %q: kept with no holders and no waiters", key)
 		}
 		if k.queue != nil && len(*k.queue) == 0 {
 			return fmt.Errorf("key %q: empty waiter queue kept", key)
 		}
 		var prev uint64
-		for _, h := range k.holders {
+		for _, h := range k.holders() {
 			if h.token <= prev || h.token > s.lastToken {
 				return fmt.Errorf("key %q: holder (%d,%d) token %d out of order (previous %d, last issued %d)", key, h.session, h.req, h.token, prev, s.lastToken)
 			}
 			prev = h.token
 		}
-		for i, list := range [][]slot{k.holders, k.waiters()} {
+		for i, list := range [][]slot{k.holders(), k.waiters()} {
 			want := ReqHeld
 			if i == 1 {
 				want = ReqWaiting
@@ -164,7 +164,7 @@ func (s *State) verifyKey(key string, k *lockKey) error {
 	if k.role > roleSemaphore {
 		return fmt.Errorf("key %q: unknown role %d", key, k.role)
 	}
-	for i, list := range [][]slot{k.holders, k.waiters()} {
+	for i, list := range [][]slot{k.holders(), k.waiters()} {
 		for _, h := range list {
 			if at := s.attemptOf(h); roleOf(at.kind) != k.role {
 				return fmt.Errorf("key %q: a %s's %s attempt (%d,%d) (list %d)", key, k.role, at.kind, h.session, h.req, i)
@@ -173,16 +173,16 @@ func (s *State) verifyKey(key string, k *lockKey) error {
 	}
 	switch k.role {
 	case roleMutex:
-		if uint64(len(k.holders)) > uint64(k.limit) {
-			return fmt.Errorf("key %q: %d holders, more than its limit %d", key, len(k.holders), k.limit)
+		if uint64(len(k.holders())) > uint64(k.limit) {
+			return fmt.Errorf("key %q: %d holders, more than its limit %d", key, len(k.holders()), k.limit)
 		}
 	case roleRW:
 		if k.limit != 1 {
 			return fmt.Errorf("key %q: read/write lock with limit %d", key, k.limit)
 		}
-		for _, h := range k.holders {
-			if at := s.attemptOf(h); at.kind == KindWrite && len(k.holders) > 1 {
-				return fmt.Errorf("key %q: a writer among %d holders", key, len(k.holders))
+		for _, h := range k.holders() {
+			if at := s.attemptOf(h); at.kind == KindWrite && len(k.holders()) > 1 {
+				return fmt.Errorf("key %q: a writer among %d holders", key, len(k.holders()))
 			}
 		}
 	case roleSemaphore:

@@ -205,7 +205,8 @@ func TestLoadRejectsCorruptSnapshots(t *testing.T) {
 	// A holder whose session does not exist is an inconsistent state.
 	s := New()
 	s.index, s.lastToken = 1, 1
-	s.keys["x"] = &lockKey{limit: 1, holders: []slot{{session: 7, req: 1, token: 1}}}
+	s.keys["x"] = newLockKey(1, roleMutex)
+	s.keys["x"].addHolder(slot{session: 7, req: 1, token: 1})
 	var buf bytes.Buffer
 	s.Save(&buf)
 	if err := New().Load(&buf); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "unknown session") {

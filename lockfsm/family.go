@@ -190,25 +190,25 @@ var broken struct {
 func (s *State) canGrant(k *lockKey, at *attempt) bool {
 	switch k.role {
 	case roleRW:
-		if len(k.holders) == 0 {
+		if len(k.holders()) == 0 {
 			return true
 		}
 		// Holders are one writer or only readers; the first says which.
-		return at.kind == KindRead && (s.attemptOf(k.holders[0]).kind == KindRead || broken.readerJoinsWriter)
+		return at.kind == KindRead && (s.attemptOf(k.holders()[0]).kind == KindRead || broken.readerJoinsWriter)
 	case roleSemaphore:
-		return uint64(s.used(k))+uint64(at.permits) <= uint64(k.limit) || broken.semaphoreOverfill && len(k.holders) < 2
+		return uint64(s.used(k))+uint64(at.permits) <= uint64(k.limit) || broken.semaphoreOverfill && len(k.holders()) < 2
 	}
-	return uint64(len(k.holders)) < uint64(k.limit)
+	return uint64(len(k.holders())) < uint64(k.limit)
 }
 
 // used is the permits k's holders hold (the number of holders, for the
 // roles whose attempts take one).
 func (s *State) used(k *lockKey) uint32 {
 	if k.role != roleSemaphore {
-		return uint32(len(k.holders))
+		return uint32(len(k.holders()))
 	}
 	var n uint32
-	for _, h := range k.holders {
+	for _, h := range k.holders() {
 		n += s.attemptOf(h).permits
 	}
 	return n
@@ -341,7 +341,7 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 			sess.finish(group[i].Req, ats[i], ReqRejected)
 			results[i] = Result{Status: StatusLocked}
 			if group[i].Flags&FlagDetail != 0 {
-				results[i].Holders = a.s.holders(keys[i].holders, maxDetailHolders)
+				results[i].Holders = a.s.holders(keys[i].holders(), maxDetailHolders)
 			}
 			a.dropIfIdle(group[i].Key, keys[i])
 		}
@@ -387,7 +387,7 @@ func (s *State) cycle(session uint64, names []string, keys []*lockKey) string {
 		if k.role == roleSemaphore {
 			return false
 		}
-		for _, h := range k.holders {
+		for _, h := range k.holders() {
 			if _, seen := from[h.session]; seen {
 				continue
 			}

@@ -383,23 +383,72 @@ type slot struct {
 }
 
 // lockKey is a key that is held or waited for. Most keys are mutexes with
-// one holder and nobody waiting, so they are laid out to fit one 64-byte
-// allocation: holders starts out backed by first, in the lockKey itself (a
-// second holder, with Limit > 1, moves it to a slice of its own, as append
-// does), and the waiters live behind a pointer that is nil until the key is
-// contended.
+// one holder and nobody waiting, so they are laid out to fit one 48-byte
+// allocation: a lone holder lives in the lockKey itself (one), more than
+// one (Limit > 1) in a slice of their own behind more, and the waiters
+// behind queue, which is nil until the key is contended.
 type lockKey struct {
-	limit   uint32
-	role    role
-	holders []slot  // grant order, so tokens ascend
-	first   [1]slot // backing array of holders until a second holder
-	queue   *[]slot // waiters in FIFO order; nil while nobody waits
+	limit  uint32
+	role   role
+	hasOne bool    // one[0] is the key's only holder
+	one    [1]slot // the only holder, when hasOne
+	more   *[]slot // the holders, when there are two or more
+	queue  *[]slot // waiters in FIFO order; nil while nobody waits
 }
 
 func newLockKey(limit uint32, r role) *lockKey {
-	k := &lockKey{limit: limit, role: r}
-	k.holders = k.first[:0]
-	return k
+	return &lockKey{limit: limit, role: r}
+}
+
+// holders returns the key's holders in grant order, so tokens ascend. The
+// slice may alias the key: callers must not change it, only setHolders.
+func (k *lockKey) holders() []slot {
+	switch {
+	case k.more != nil:
+		return *k.more
+	case k.hasOne:
+		return k.one[:]
+	}
+	return nil
+}
+
+// setHolders replaces the key's holders with h, which it keeps when h
+// has two or more.
+func (k *lockKey) setHolders(h []slot) {
+	k.one, k.hasOne, k.more = [1]slot{}, false, nil
+	switch len(h) {
+	case 0:
+	case 1:
+		k.one[0], k.hasOne = h[0], true
+	default:
+		k.more = &h
+	}
+}
+
+// addHolder appends h to the key's holders.
+func (k *lockKey) addHolder(h slot) {
+	switch {
+	case k.more != nil:
+		*k.more = append(*k.more, h)
+	case k.hasOne:
+		k.setHolders([]slot{k.one[0], h})
+	default:
+		k.one[0], k.hasOne = h, true
+	}
+}
+
+// dropHolder removes the holder (session, req).
+func (k *lockKey) dropHolder(session, req uint64) {
+	if k.more == nil {
+		if k.hasOne && k.one[0].session == session && k.one[0].req == req {
+			k.setHolders(nil)
+		}
+		return
+	}
+	*k.more = slices.DeleteFunc(*k.more, func(h slot) bool { return h.session == session && h.req == req })
+	if len(*k.more) < 2 {
+		k.setHolders(*k.more)
+	}
 }
 
 // waiters returns the key's FIFO queue; its head is granted next.
@@ -436,7 +485,7 @@ func (k *lockKey) unqueue(session, req uint64) {
 }
 
 // idle reports whether nobody holds or waits for the key, which is then deleted.
-func (k *lockKey) idle() bool { return len(k.holders) == 0 && len(k.waiters()) == 0 }
+func (k *lockKey) idle() bool { return len(k.holders()) == 0 && len(k.waiters()) == 0 }
 
 // State is the lock state of one shard. Its zero value is not usable; call
 // New. State is not safe for concurrent use: the node serialises Apply and
@@ -662,7 +711,7 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 		sess.finish(c.Req, at, ReqRejected)
 		res := Result{Status: StatusLocked}
 		if c.Flags&FlagDetail != 0 {
-			res.Holders = a.s.holders(k.holders, maxDetailHolders)
+			res.Holders = a.s.holders(k.holders(), maxDetailHolders)
 		}
 		a.dropIfIdle(c.Key, k)
 		return res
@@ -719,7 +768,7 @@ func (a *applier) grant(key string, k *lockKey, sess *session, req uint64, at *a
 	at.state = ReqHeld
 	at.token = a.s.lastToken
 	sess.held++
-	k.holders = append(k.holders, slot{session: sess.id, req: req, token: at.token})
+	k.addHolder(slot{session: sess.id, req: req, token: at.token})
 	a.grants = append(a.grants, Grant{Key: key, Session: sess.id, Req: req, Token: at.token, Owner: sess.owner, HandOff: handOff})
 }
 
@@ -772,7 +821,7 @@ func (a *applier) handOff(key string, k *lockKey) {
 func (a *applier) unhold(sess *session, req uint64, at *attempt) {
 	delete(a.s.maxHold, ref{sess.id, req})
 	k := a.s.keys[at.key]
-	k.holders = slices.DeleteFunc(k.holders, func(h slot) bool { return h.session == sess.id && h.req == req })
+	k.dropHolder(sess.id, req)
 	sess.held--
 	sess.finish(req, at, ReqReleased)
 	a.handOff(at.key, k)
@@ -877,7 +926,7 @@ func (a *applier) endSession(sess *session) {
 			at.state = ReqCancelled
 			if k.idle() {
 				delete(a.s.keys, at.key)
-			} else if len(k.holders) == 0 || k.role != roleMutex {
+			} else if len(k.holders()) == 0 || k.role != roleMutex {
 				left = append(left, at.key)
 			}
 		}

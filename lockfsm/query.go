@@ -64,7 +64,7 @@ func (s *State) Key(key string) (info KeyInfo, ok bool) {
 	if k == nil {
 		return KeyInfo{}, false
 	}
-	info = KeyInfo{Key: key, Limit: k.limit, Role: k.role.kindName(), Holders: s.holders(k.holders, 0), Waiters: s.holders(k.waiters(), 0)}
+	info = KeyInfo{Key: key, Limit: k.limit, Role: k.role.kindName(), Holders: s.holders(k.holders(), 0), Waiters: s.holders(k.waiters(), 0)}
 	return info, true
 }
 
@@ -140,7 +140,7 @@ type Stats struct {
 func (s *State) Stats() Stats {
 	st := Stats{Index: s.index, Sessions: len(s.sessions), Keys: len(s.keys), NextToken: s.lastToken + 1}
 	for _, k := range s.keys {
-		st.Holders += len(k.holders)
+		st.Holders += len(k.holders())
 		st.Waiters += len(k.waiters())
 	}
 	for _, sess := range s.sessions {

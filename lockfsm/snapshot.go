@@ -132,8 +132,8 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 		e.arrayLen(kFields)
 		e.str(key)
 		e.uint(uint64(k.limit))
-		e.arrayLen(len(k.holders))
-		for _, h := range k.holders {
+		e.arrayLen(len(k.holders()))
+		for _, h := range k.holders() {
 			e.arrayLen(holderFields)
 			e.uint(h.session)
 			e.uint(h.req)
@@ -357,9 +357,11 @@ func decodeSnapshot(b []byte) (*State, error) {
 			return nil, d.errorf("key %q not in ascending order after %q", key, prevKey)
 		}
 		prevKey = key
-		if k.holders, err = decodeSlots(d, "holders", holderFields, k.holders); err != nil {
+		held, err := decodeSlots(d, "holders", holderFields, nil)
+		if err != nil {
 			return nil, err
 		}
+		k.setHolders(held)
 		waiters, err := decodeSlots(d, "waiters", waiterFields, nil)
 		if err != nil {
 			return nil, err
@@ -388,7 +390,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 // once per decoded copy. Verify has checked that the strings are equal.
 func (s *State) shareKeys() {
 	for key, k := range s.keys {
-		for _, list := range [2][]slot{k.holders, k.waiters()} {
+		for _, list := range [2][]slot{k.holders(), k.waiters()} {
 			for _, h := range list {
 				s.sessions[h.session].reqs[h.req].key = key
 			}

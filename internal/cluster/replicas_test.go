@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -40,8 +41,9 @@ func TestNodeHostConfig(t *testing.T) {
 	if c.Expert.LogDB.Shards != 1 {
 		t.Fatalf("LogDB has %d shards, want 1 (one shared fsync)", c.Expert.LogDB.Shards)
 	}
-	if w := c.Expert.Engine.ExecShards; w < 2 || w > 16 || w != c.Expert.Engine.ApplyShards || w != c.Expert.Engine.CommitShards {
-		t.Fatalf("engine workers %+v, want one count between 2 and 16", c.Expert.Engine)
+	want := uint64(min(16, max(1, runtime.NumCPU()/2)))
+	if w := c.Expert.Engine.ExecShards; w != want || w != c.Expert.Engine.ApplyShards || w != c.Expert.Engine.CommitShards {
+		t.Fatalf("engine workers %+v, want %d of each (one per two cores)", c.Expert.Engine, want)
 	}
 	// Any one file asks for mutual TLS: a half-configured set is refused
 	// instead of running in plaintext.
