@@ -1,9 +1,12 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
+	"crypto/md5"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime"
 	"sync"
@@ -12,6 +15,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
+	pb "github.com/lni/dragonboat/v4/raftpb"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"github.com/lni/vfs"
 
@@ -61,6 +65,10 @@ type HostConfig struct {
 // unless c.Transport replaces it. It fails if the TLS files cannot be
 // loaded.
 func NodeHostConfig(c HostConfig) (config.NodeHostConfig, error) {
+	fs := c.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
 	nhc := config.NodeHostConfig{
 		NodeHostDir:       c.Dir,
 		RTTMillisecond:    uint64(c.RTT / time.Millisecond),
@@ -71,7 +79,7 @@ func NodeHostConfig(c HostConfig) (config.NodeHostConfig, error) {
 			NodeRegistryFactory: c.Registry,
 			LogDB:               logDBConfig(),
 			LogDBFactory:        logDBFactory{},
-			Engine:              engineConfig(),
+			Engine:              engineConfig(recordedStepWorkers(fs, c.Dir)),
 		},
 	}
 	nhc.Expert.TransportFactory = c.Transport
@@ -101,23 +109,75 @@ func logDBConfig() config.LogDBConfig {
 	return c
 }
 
-// engineConfig sizes dragonboat's execution engine to the machine: one
-// step, commit and apply worker per two cores (at least 1, at most
-// dragonboat's 16) instead of 16 each. Each step worker writes and syncs
-// the updates of its Raft groups on its own, so fewer workers put more
-// groups' updates into each LogDB write and each fsync. It counts cores,
-// not GOMAXPROCS, which internal/procs raises above the cores. Measured
-// on 2 cores with 16 lock shards, 3 peers, fsync on, lock+unlock at 64
-// callers: 16 workers 1021 ops/s against 1538 with 2 (five alternating
-// runs each, GOMAXPROCS 2); at GOMAXPROCS 8, 1 worker 0.45 disk flushes
-// per op and 6.4-10.4k ops/s (mean 8.9k) against 0.73 and 6.1-8.4k
-// (mean 7.4k) with 8 (four alternating runs each). The LogDB has one
-// storage shard, so the worker count may change between restarts.
-func engineConfig() config.EngineConfig {
+// engineConfig sizes dragonboat's execution engine: one step, commit and
+// apply worker per two cores (at least 1, at most dragonboat's 16) instead
+// of 16 each, counted as cores, not GOMAXPROCS (which internal/procs
+// raises above the cores). Each step worker writes and syncs the updates
+// of its Raft groups on its own, so fewer workers put more groups'
+// updates into each LogDB write and each fsync. Measured on 2 cores with
+// 16 lock shards, 3 peers, fsync on, lock+unlock at 64 callers: 16
+// workers 1021 ops/s against 1538 with 2 (five alternating runs each,
+// GOMAXPROCS 2); at GOMAXPROCS 8, 1 worker 0.45 disk flushes per op and
+// 6.4-10.4k ops/s (mean 8.9k) against 0.73 and 6.1-8.4k (mean 7.4k) with
+// 8 (four alternating runs each).
+//
+// dragonboat records the step worker count in the NodeHost's data dir
+// and refuses to start with another one ("hard setting changed"), so a
+// data dir written before keeps the count it was written with: recorded.
+func engineConfig(recorded uint64) config.EngineConfig {
 	c := config.GetDefaultEngineConfig()
 	w := min(uint64(max(1, runtime.NumCPU()/2)), c.ExecShards)
+	if recorded > 0 {
+		w = recorded
+	}
 	c.ExecShards, c.CommitShards, c.ApplyShards = w, w, w
 	return c
+}
+
+// flagFile is the file in which dragonboat records a NodeHost's hard
+// settings, in the NodeHostDir (and, for its LogDB, in
+// <hostname>/<deployment id>/ under it).
+const flagFile = "dragonboat.ds"
+
+// recordedStepWorkers returns the step worker count dragonboat recorded
+// under dir, or 0 when it recorded none (a new data dir) or the record
+// cannot be read (dragonboat then says what is wrong with it).
+func recordedStepWorkers(fs vfs.FS, dir string) uint64 {
+	paths := []string{fs.PathJoin(dir, flagFile)}
+	hosts, _ := fs.List(dir)
+	for _, h := range hosts {
+		deployments, _ := fs.List(fs.PathJoin(dir, h))
+		for _, d := range deployments {
+			paths = append(paths, fs.PathJoin(dir, h, d, flagFile))
+		}
+	}
+	for _, p := range paths {
+		if n := readStepWorkers(fs, p); n > 0 {
+			return n
+		}
+	}
+	return 0
+}
+
+// readStepWorkers reads the step worker count of the flag file at path:
+// an 8-byte checksum (the second half of the MD5 of the rest), then a
+// raftpb.RaftDataStatus. It returns 0 if there is none.
+func readStepWorkers(fs vfs.FS, path string) uint64 {
+	f, err := fs.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 1<<16))
+	if err != nil || len(data) < 8 {
+		return 0
+	}
+	sum := md5.Sum(data[8:])
+	var st pb.RaftDataStatus
+	if !bytes.Equal(data[:8], sum[8:]) || st.Unmarshal(data[8:]) != nil {
+		return 0
+	}
+	return st.StepWorkerCount
 }
 
 // Replicas owns a peer's NodeHost and the table of the replicas it runs:

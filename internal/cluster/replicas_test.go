@@ -178,3 +178,39 @@ func TestReplicaLifecycle(t *testing.T) {
 		t.Fatalf("Running = %v after every replica stopped", got)
 	}
 }
+
+// A data dir keeps the step worker count dragonboat recorded in it, which
+// it refuses to start with another of: one written by a release that
+// sized the engine by GOMAXPROCS, or on a machine with other cores,
+// opens, and a new one gets the machine's count.
+func TestDataDirKeepsItsStepWorkerCount(t *testing.T) {
+	dir := t.TempDir()
+	hc := HostConfig{Dir: dir, RaftAddr: freeAddr(t), RTT: 10 * time.Millisecond}
+	c, err := NodeHostConfig(hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh := uint64(min(16, max(1, runtime.NumCPU()/2))); c.Expert.Engine.ExecShards != fresh {
+		t.Fatalf("new data dir: %d step workers, want %d", c.Expert.Engine.ExecShards, fresh)
+	}
+	other := c.Expert.Engine.ExecShards + 7
+	c.Expert.Engine.ExecShards, c.Expert.Engine.CommitShards, c.Expert.Engine.ApplyShards = other, other, other
+	nh, err := dragonboat.NewNodeHost(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nh.Close()
+
+	c, err = NodeHostConfig(hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Expert.Engine.ExecShards; got != other {
+		t.Fatalf("data dir written with %d step workers: configured %d", other, got)
+	}
+	nh, err = dragonboat.NewNodeHost(c)
+	if err != nil {
+		t.Fatalf("reopen the data dir: %v", err)
+	}
+	nh.Close()
+}
