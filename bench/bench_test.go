@@ -300,3 +300,24 @@ func (p pidRecorder) PIDs() []int {
 	*p.pids = pids
 	return pids
 }
+
+// The raft floor proposes on a real 3-replica group and reports what it
+// measured.
+func TestRaftFloorSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 3 NodeHosts")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f, err := MeasureRaftFloor(ctx, t.TempDir(), 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Proposals == 0 || f.P50ms <= 0 || f.P99ms < f.P50ms || f.FloorHandoffsSec <= 0 {
+		t.Fatalf("raft floor %+v: want proposals with p50 > 0, p99 >= p50", f)
+	}
+	var b strings.Builder
+	if err := WriteFootprint(&b, Footprint{RaftFloor: &f}); err != nil || !strings.Contains(b.String(), "one replicated commit at a time") {
+		t.Fatalf("footprint table without the floor: %q, %v", b.String(), err)
+	}
+}

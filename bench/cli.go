@@ -39,6 +39,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		shards    = fs.Int("shards", 0, "lock shards of the lockmesh clusters the bench creates (0: node's default)")
 		out       = fs.String("out", "", "directory for results.jsonl, results.md, throughput.svg (and footprint.json); empty writes none")
 		footprint = fs.Bool("footprint", false, "also measure lockmesh's start-up time, idle CPU and memory per held lock")
+		floor     = fs.Duration("floor", 0, "also measure, for this long, one replicated commit at a time on a bare 3-replica Raft group (the floor of hand-offs on a hot key); 0 skips")
 		startups  = fs.Int("startups", 3, "with -footprint: start-ups to time")
 		idle      = fs.Duration("idle", 30*time.Second, "with -footprint: idle CPU window (0 skips)")
 		memLocks  = fs.String("memlocks", "100000", "with -footprint: comma-separated held-lock counts (empty skips)")
@@ -115,6 +116,19 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			fmt.Fprintf(stderr, "lockbench: footprint: %v\n", err)
 			runErr = err
+		}
+	}
+	if *floor > 0 && runErr == nil {
+		if fp == nil {
+			fp = &Footprint{}
+		}
+		f, err := measureFloor(ctx, *floor)
+		if err != nil {
+			fmt.Fprintf(stderr, "lockbench: %v\n", err)
+			runErr = err
+		} else {
+			fp.RaftFloor = &f
+			fmt.Fprintf(stdout, "raft floor: %.0f commits/s one at a time, p50 %.2f ms, p99 %.2f ms\n", f.ProposalsPerSec, f.P50ms, f.P99ms)
 		}
 	}
 

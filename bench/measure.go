@@ -30,6 +30,9 @@ type Footprint struct {
 	IdleCorePerPeer float64 `json:"idle_core_per_peer"`
 	// Memory holds one entry per held-lock count measured.
 	Memory []MemoryUse `json:"memory"`
+	// RaftFloor is one replicated commit at a time on a bare Raft group
+	// (-floor); nil when not measured.
+	RaftFloor *RaftFloor `json:"raft_floor,omitempty"`
 }
 
 // MemoryUse is the growth of the process when one process (3 peers, so 3
@@ -305,6 +308,10 @@ func WriteFootprint(w io.Writer, fp Footprint) error {
 			b = fmt.Appendf(b, "| memory per held lock per server, %d held (3 server processes, client elsewhere) | %s bytes RSS |\n",
 				m.ServerHeld, joinFloats(m.ServerBytesPerLock))
 		}
+	}
+	if f := fp.RaftFloor; f != nil {
+		b = fmt.Appendf(b, "| one replicated commit at a time (bare 3-replica Raft group, %.0f s) | p50 %.2f ms, p99 %.2f ms: %.0f commits/s, the floor of hand-offs/s |\n",
+			f.Seconds, f.P50ms, f.P99ms, f.FloorHandoffsSec)
 	}
 	_, err := w.Write(b)
 	return err
