@@ -123,14 +123,14 @@ func (l *commitLog) SaveRaftState(updates []pb.Update, worker uint64) error {
 }
 
 // withPending returns updates followed by the kept states of replicas
-// that have no update of their own in it (an update's own state is newer),
-// and records every state in it as written. l.mu is held.
+// that have no state of their own in it (an update's own state is newer;
+// an update with entries and no state change carries none), and records
+// every state in it as written. l.mu is held.
 func (l *commitLog) withPending(updates []pb.Update) []pb.Update {
 	for i := range updates {
-		u := &updates[i]
-		k := replicaKey{u.ShardID, u.ReplicaID}
-		delete(l.pending, k)
-		if !pb.IsEmptyState(u.State) {
+		if u := &updates[i]; !pb.IsEmptyState(u.State) {
+			k := replicaKey{u.ShardID, u.ReplicaID}
+			delete(l.pending, k)
 			l.saved[k] = u.State
 		}
 	}

@@ -82,6 +82,9 @@ func TestCommitLogDefersOnlyCommitIndexMoves(t *testing.T) {
 		{"a replica's own newer state replaces its kept one", save(withEntries(state(1, 3, 2, 10), 2)),
 			[]string{"save[w1] 1/1 t3 v2 c10 +2"}},
 		{"kept again", save(state(1, 3, 2, 11)), nil},
+		{"entries without a state of their own carry the kept state", save(withEntries(pb.Update{ShardID: 1, ReplicaID: 1}, 1)),
+			[]string{"save[w1] 1/1 t0 v0 c0 +1, 1/1 t3 v2 c11"}},
+		{"kept once more", save(state(1, 3, 2, 11)), nil},
 		{"a snapshot record waits for the kept states, on the log's own worker", func(l *commitLog) error {
 			return l.SaveSnapshots([]pb.Update{{ShardID: 1, ReplicaID: 1, Snapshot: pb.Snapshot{Index: 11}}})
 		}, []string{"save[w9] 1/1 t3 v2 c11", "snapshot 1/1 @11"}},
