@@ -255,8 +255,8 @@ func StartLockmesh(ctx context.Context, dir string, n int, tune func(*node.Confi
 // WaitSettled waits until every shard has a leader, no peer leads two more
 // shards than another, and that has held for stable: a fresh cluster's
 // controller moves leaderships for a few seconds after it serves, and each
-// move stalls its shard for an election round. n must host replicas, so
-// that it knows every shard's leader.
+// move stalls its shard for an election round. n may be a client-only
+// node: Node.Placement asks the replicas' hosts who leads.
 func WaitSettled(ctx context.Context, n *node.Node, stable time.Duration) error {
 	var last string
 	since := time.Now()

@@ -187,6 +187,16 @@ func (s *lockmesh3Proc) Start(ctx context.Context) error {
 	return nil
 }
 
+// Settle waits until the servers' controller has evened out shard
+// leadership, as for in-process lockmesh: the client-only node learns who
+// leads each shard by asking the servers (Node.Placement).
+func (s *lockmesh3Proc) Settle(ctx context.Context) error {
+	if s.client == nil {
+		return errors.New("lockmesh-3proc is not started")
+	}
+	return WaitSettled(ctx, s.client, 2*time.Second)
+}
+
 // Stop closes the client node (ending its session at once), then stops the
 // servers by pid together: SIGTERM, SIGKILL after 5 s.
 func (s *lockmesh3Proc) Stop() error {
