@@ -3,7 +3,9 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,14 +23,19 @@ type stateCluster struct {
 	s     *lockfsm.State
 	index uint64
 	c     *Client
+	// fast skips the invariant check after each entry, which costs
+	// O(state): benchmarks measure the client, not the check.
+	fast bool
 }
 
 func (f *stateCluster) entry(cmds []lockfsm.Command) []lockfsm.Result {
 	f.mu.Lock()
 	f.index++
 	rs, gs := f.s.Apply(f.index, cmds)
-	if err := f.s.Verify(); err != nil {
-		panic(err)
+	if !f.fast {
+		if err := f.s.Verify(); err != nil {
+			panic(err)
+		}
 	}
 	f.mu.Unlock()
 	for _, g := range gs {
@@ -56,7 +63,7 @@ func (f *stateCluster) readAttempt(_ context.Context, _, session, req uint64) (b
 
 // newStateClient is a Client over a stateCluster, on Go's clock (these
 // tests wait for grants, not for leases).
-func newStateClient(t *testing.T) (*Client, *stateCluster, context.Context) {
+func newStateClient(t testing.TB) (*Client, *stateCluster, context.Context) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := make(chan struct{})
@@ -85,7 +92,7 @@ func newStateClient(t *testing.T) (*Client, *stateCluster, context.Context) {
 	return f.c, f, ctx
 }
 
-func mustOwner(t *testing.T, c *Client) *Owner {
+func mustOwner(t testing.TB, c *Client) *Owner {
 	t.Helper()
 	o, err := c.NewOwner(time.Minute)
 	if err != nil {
@@ -278,5 +285,81 @@ func TestMaxHoldEndsTheGrant(t *testing.T) {
 	case <-h2.Done():
 	default:
 		t.Fatal("Done open after a pause past the maximum")
+	}
+}
+
+// A session finds its hold of a key by the key, whatever else it holds:
+// several holds of one key (a semaphore's permits, taken one by one) are
+// each found until the last is given back.
+func TestHeldOfFollowsEveryHold(t *testing.T) {
+	c, _, ctx := newStateClient(t)
+	o := mustOwner(t, c)
+	sem := Spec{Kind: lockfsm.KindSemaphore, Limit: 3, Permits: 1}
+	a, _, err := o.Acquire(ctx, 2, "sem", true, sem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := o.Acquire(ctx, 2, "sem", true, sem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, err := o.Acquire(ctx, 2, "other", true, Spec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := o.Session(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		unlock *Held
+		key    string
+		want   []*Held // any of them
+	}{
+		{nil, "sem", []*Held{a, b}},
+		{a, "sem", []*Held{b}},
+		{nil, "other", []*Held{other}},
+		{b, "sem", nil},
+		{other, "other", nil},
+	} {
+		if step.unlock != nil {
+			if err := step.unlock.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := s.heldOf(step.key)
+		if (got == nil) != (len(step.want) == 0) || (got != nil && !slices.Contains(step.want, got)) {
+			t.Fatalf("heldOf(%q) = %p, want one of %p", step.key, got, step.want)
+		}
+	}
+}
+
+// BenchmarkAcquireWithHeldLocks takes and gives back one lock while the
+// same session holds n others: its cost must not grow with n.
+//
+//	go test -run '^$' -bench AcquireWithHeldLocks ./internal/client/
+func BenchmarkAcquireWithHeldLocks(b *testing.B) {
+	for _, n := range []int{100, 100_000} {
+		b.Run(fmt.Sprintf("held=%d", n), func(b *testing.B) {
+			c, f, ctx := newStateClient(b)
+			f.fast = true
+			o := mustOwner(b, c)
+			for i := range n {
+				if h, _, err := o.Acquire(ctx, 2, fmt.Sprintf("held/%d", i), true, Spec{}); err != nil || h == nil {
+					b.Fatalf("lock %d of %d: %v (nil: the session was lost)", i, n, err)
+				}
+			}
+			i := 0
+			for b.Loop() {
+				h, _, err := o.Acquire(ctx, 2, fmt.Sprintf("k/%d", i), true, Spec{})
+				if err != nil || h == nil {
+					b.Fatalf("lock: %v (nil: the session was lost)", err)
+				}
+				if err := h.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
 	}
 }

@@ -229,7 +229,8 @@ type Session struct {
 	attempts *Attempts
 
 	mu      sync.Mutex
-	held    map[uint64]*Held // held locks by request id
+	held    map[uint64]*Held   // held locks by request id
+	byKey   map[string][]*Held // the same, by key (several for shared or semaphore holds)
 	lease   Lease
 	timer   Timer
 	lost    chan struct{}
@@ -255,7 +256,7 @@ func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session
 	}
 	s := &Session{
 		c: c, owner: owner, shard: shard, id: res.Session, attempts: NewAttempts(),
-		held: map[uint64]*Held{}, lost: make(chan struct{}),
+		held: map[uint64]*Held{}, byKey: map[string][]*Held{}, lost: make(chan struct{}),
 		lease: NewLease(owner.ttl, Margin(owner.ttl, c.cfg.LeaseMargin), sent),
 	}
 	s.mu.Lock()
@@ -383,7 +384,7 @@ func (s *Session) loseLocally(err error) bool {
 		s.timer.Stop()
 	}
 	held := s.held
-	s.held = map[uint64]*Held{}
+	s.held, s.byKey = map[uint64]*Held{}, map[string][]*Held{}
 	s.mu.Unlock()
 	for _, h := range held {
 		h.claim(err)
