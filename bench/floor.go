@@ -74,7 +74,7 @@ func MeasureRaftFloor(ctx context.Context, dir string, d time.Duration) (RaftFlo
 			return RaftFloor{}, err
 		}
 		hosts = append(hosts, nh)
-		rc := config.Config{ShardID: shard, ReplicaID: uint64(i + 1), ElectionRTT: cluster.ElectionRTT, HeartbeatRTT: 1, CheckQuorum: true, PreVote: true}
+		rc := cluster.ReplicaConfig(shard, uint64(i+1))
 		if err := nh.StartReplica(members, false, func(uint64, uint64) sm.IStateMachine { return &nopSM{} }, rc); err != nil {
 			return RaftFloor{}, err
 		}

@@ -242,8 +242,9 @@ func (r *Replicas) Close() {
 	r.nh.Close()
 }
 
-// replicaConfig is the Raft configuration of replica id of shard.
-func replicaConfig(shard, id uint64) config.Config {
+// ReplicaConfig is the Raft configuration of replica id of shard, as
+// every lockmesh replica runs it (the bench's Raft floor runs it too).
+func ReplicaConfig(shard, id uint64) config.Config {
 	return config.Config{
 		ShardID:            shard,
 		ReplicaID:          id,
@@ -267,7 +268,7 @@ func (r *Replicas) Start(p *layout.Placement, shard uint64, rep layout.Replica, 
 	if err := r.Halted(shard); err != nil {
 		return err
 	}
-	rc := replicaConfig(shard, rep.ID)
+	rc := ReplicaConfig(shard, rep.ID)
 	var err error
 	switch {
 	case r.nh.HasNodeInfo(shard, rep.ID): // restart from local data
