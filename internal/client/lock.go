@@ -49,8 +49,7 @@ func (s *Session) newHeld(key string, req, token uint64, spec Spec, since time.T
 	s.mu.Lock()
 	err := s.lostErr
 	if err == nil {
-		s.held[req] = h
-		s.byKey[key] = append(s.byKey[key], h)
+		s.held[key] = append(s.held[key], h)
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -89,7 +88,7 @@ func (h *Held) checkHold() {
 func (s *Session) heldOf(key string) *Held {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if hs := s.byKey[key]; len(hs) > 0 {
+	if hs := s.held[key]; len(hs) > 0 {
 		return hs[0]
 	}
 	return nil
@@ -97,12 +96,11 @@ func (s *Session) heldOf(key string) *Held {
 
 // dropHeld forgets h as held. s.mu is held.
 func (s *Session) dropHeld(h *Held) {
-	delete(s.held, h.req)
-	hs := slices.DeleteFunc(s.byKey[h.key], func(o *Held) bool { return o == h })
+	hs := slices.DeleteFunc(s.held[h.key], func(o *Held) bool { return o == h })
 	if len(hs) == 0 {
-		delete(s.byKey, h.key)
+		delete(s.held, h.key)
 	} else {
-		s.byKey[h.key] = hs
+		s.held[h.key] = hs
 	}
 }
 

@@ -229,8 +229,7 @@ type Session struct {
 	attempts *Attempts
 
 	mu      sync.Mutex
-	held    map[uint64]*Held   // held locks by request id
-	byKey   map[string][]*Held // the same, by key (several for shared or semaphore holds)
+	held    map[string][]*Held // held locks by key (several for shared or semaphore holds)
 	lease   Lease
 	timer   Timer
 	lost    chan struct{}
@@ -256,7 +255,7 @@ func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session
 	}
 	s := &Session{
 		c: c, owner: owner, shard: shard, id: res.Session, attempts: NewAttempts(),
-		held: map[uint64]*Held{}, byKey: map[string][]*Held{}, lost: make(chan struct{}),
+		held: map[string][]*Held{}, lost: make(chan struct{}),
 		lease: NewLease(owner.ttl, Margin(owner.ttl, c.cfg.LeaseMargin), sent),
 	}
 	s.mu.Lock()
@@ -384,16 +383,20 @@ func (s *Session) loseLocally(err error) bool {
 		s.timer.Stop()
 	}
 	held := s.held
-	s.held, s.byKey = map[uint64]*Held{}, map[string][]*Held{}
+	s.held = map[string][]*Held{}
 	s.mu.Unlock()
-	for _, h := range held {
-		h.claim(err)
+	locks := 0
+	for _, hs := range held {
+		for _, h := range hs {
+			h.claim(err)
+		}
+		locks += len(hs)
 	}
 	level := s.c.cfg.Log.Warn
 	if errors.Is(err, lockerr.SessionClosed) || errors.Is(err, lockerr.Closed) {
 		level = s.c.cfg.Log.Debug
 	}
-	level("session ended", "shard", s.shard, "session", s.id, "locks", len(held), "err", err)
+	level("session ended", "shard", s.shard, "session", s.id, "locks", locks, "err", err)
 	return true
 }
 
