@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // procAttr kills the child when the bench process dies, so that even a
@@ -21,12 +23,11 @@ func procAttr() *syscall.SysProcAttr {
 // ok is false where the kernel does not count them (before Linux 5.5) or
 // path is not on a block device.
 func diskFlushes(path string) (n uint64, ok bool) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
 		return 0, false
 	}
-	major, minor := (st.Dev>>8)&0xfff|(st.Dev>>32)&^0xfff, st.Dev&0xff|(st.Dev>>12)&^0xff
-	sys := fmt.Sprintf("/sys/dev/block/%d:%d", major, minor)
+	sys := fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
 	link, err := os.Readlink(sys)
 	if err != nil {
 		return 0, false
