@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -26,6 +27,14 @@ type Holder struct {
 	ShardSession, Request uint64
 	// Token is the fencing token of a holder; 0 for waiters.
 	Token uint64
+	// Age is how long ago a holder was granted the key, or a waiter
+	// queued for it, as the replica that answered saw it; 0 when that
+	// replica does not know (it runs a release before ages, or did not see
+	// the waiter queue). AtLeast is true when the grant or wait began
+	// before that replica started, or too long ago to place exactly: it
+	// began at least Age ago.
+	Age     time.Duration
+	AtLeast bool
 }
 
 // KeyInfo is a linearizable snapshot of one key's lock state.
