@@ -170,3 +170,75 @@ func (s *State) MaxHolds() []HoldInfo {
 	})
 	return out
 }
+
+// KeyQueue is a key with waiters: how many, and the first of them (the
+// one granted next).
+type KeyQueue struct {
+	Key     string
+	Waiters int
+	First   Holder
+}
+
+// KeyHold is one holder of a key.
+type KeyHold struct {
+	Key string
+	Holder
+}
+
+// Contention scans every key for the k keys with the longest queues
+// (longest first, ties by key) and the k holders with the lowest tokens,
+// the grants made longest ago (lowest first). It costs a pass over the
+// keys and O(k) memory, and is meant for operators' queries, not for a
+// loop.
+func (s *State) Contention(k int) (queues []KeyQueue, oldest []KeyHold) {
+	if k <= 0 {
+		return nil, nil
+	}
+	type queue struct {
+		key string
+		k   *lockKey
+	}
+	type hold struct {
+		key string
+		h   slot
+	}
+	var qs []queue
+	var hs []hold
+	longer := func(a, b queue) int {
+		return cmp.Or(cmp.Compare(len(b.k.waiters()), len(a.k.waiters())), cmp.Compare(a.key, b.key))
+	}
+	older := func(a, b hold) int { return cmp.Compare(a.h.token, b.h.token) }
+	for key, lk := range s.keys {
+		if n := len(lk.waiters()); n > 0 && (len(qs) < k || longer(queue{key, lk}, qs[len(qs)-1]) < 0) {
+			qs = insertBounded(qs, queue{key, lk}, k, longer)
+		}
+		for _, h := range lk.holders() {
+			if len(hs) < k || h.token < hs[len(hs)-1].h.token {
+				hs = insertBounded(hs, hold{key, h}, k, older)
+			} else {
+				break // the rest of the key's holders have higher tokens
+			}
+		}
+	}
+	for _, q := range qs {
+		queues = append(queues, KeyQueue{Key: q.key, Waiters: len(q.k.waiters()), First: s.holders(q.k.waiters(), 1)[0]})
+	}
+	for _, h := range hs {
+		oldest = append(oldest, KeyHold{Key: h.key, Holder: s.holders([]slot{h.h}, 1)[0]})
+	}
+	return queues, oldest
+}
+
+// insertBounded inserts v into s, sorted by cmp, keeping at most k.
+func insertBounded[T any](s []T, v T, k int, cmp func(a, b T) int) []T {
+	i, _ := slices.BinarySearchFunc(s, v, cmp)
+	s = slices.Insert(s, i, v)
+	if len(s) > k {
+		s = s[:k]
+	}
+	return s
+}
+
+// LastToken is the fencing token of the shard's latest grant; 0 before
+// the first.
+func (s *State) LastToken() uint64 { return s.lastToken }

@@ -95,6 +95,15 @@ type Config struct {
 	// means never. Before then the replicated sessions go unlabelled:
 	// a peer of an older release would halt on the field.
 	Labels func() bool
+
+	// OnQueued, when not nil, is called with an acquire's context when
+	// the attempt was queued behind other holders (node times the wait
+	// and marks the trace with it). It must not block.
+	OnQueued func(ctx context.Context)
+	// OnLost, when not nil, is called once for each replicated session
+	// lost (not closed), with the number of locks it held and the reason
+	// (LossReason). It must not block.
+	OnLost func(shard uint64, locks int, reason string)
 }
 
 // Client is the client side of one peer: its Owners (node's Sessions),

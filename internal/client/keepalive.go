@@ -106,7 +106,7 @@ func (c *Client) keepAlive(ctx context.Context, shard uint64, ss []*Session, int
 	}
 	for _, s := range ss {
 		if gone[s.id] {
-			s.Lose(fmt.Errorf("%w: the leader of shard %d no longer counts session %d as live", lockerr.LeaseExpired, shard, s.id))
+			s.Lose(lose(LossExpired, fmt.Errorf("%w: the leader of shard %d no longer counts session %d as live", lockerr.LeaseExpired, shard, s.id)))
 		} else {
 			s.Extend(sent)
 		}

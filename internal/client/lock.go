@@ -288,7 +288,7 @@ func (h *Held) releaseInBackground() <-chan outcome {
 		res, err := s.release(ctx, h.req)
 		out <- outcome{res: res, err: err}
 		if err != nil && !s.c.stopped() {
-			s.Lose(fmt.Errorf("%w: release of %q on shard %d did not commit: %v", lockerr.LeaseExpired, h.key, s.shard, err))
+			s.Lose(lose(LossUnsettled, fmt.Errorf("%w: release of %q on shard %d did not commit: %v", lockerr.LeaseExpired, h.key, s.shard, err)))
 			return
 		}
 		if err == nil && res.Status != lockfsm.StatusOK {
@@ -455,7 +455,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 		case lockfsm.StatusQueued:
 			queued = true
 		case lockfsm.StatusNoSession:
-			s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id))
+			s.Lose(lose(LossExpired, fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id)))
 			return nil, true, nil
 		default:
 			return nil, false, refusal(keys[i], res)
@@ -463,6 +463,9 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 	}
 	if !queued {
 		return s.newHelds(keys, first, tokens, specs, since), false, nil
+	}
+	if c.cfg.OnQueued != nil {
+		c.cfg.OnQueued(ctx)
 	}
 
 	// Queued: wait for the grant (of every attempt of a group: they come
@@ -506,7 +509,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 				break
 			}
 			if !found {
-				s.Lose(fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id))
+				s.Lose(lose(LossExpired, fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id)))
 				return nil, true, nil
 			}
 			if a.State != lockfsm.ReqHeld {
@@ -573,7 +576,7 @@ func (s *Session) abandon(first uint64, n int) bool {
 		for i := range n {
 			_, err := s.c.cfg.Apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: first + uint64(i)})
 			if err != nil && !s.c.stopped() {
-				s.Lose(fmt.Errorf("%w: withdrawal of an abandoned lock attempt on shard %d did not commit: %v", lockerr.LeaseExpired, s.shard, err))
+				s.Lose(lose(LossUnsettled, fmt.Errorf("%w: withdrawal of an abandoned lock attempt on shard %d did not commit: %v", lockerr.LeaseExpired, s.shard, err)))
 				return
 			}
 		}

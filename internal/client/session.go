@@ -356,7 +356,7 @@ func (s *Session) CheckDeadline() {
 		return
 	}
 	s.mu.Unlock()
-	s.Lose(fmt.Errorf("%w: keepalives on shard %d not acknowledged within the session TTL of %v", lockerr.LeaseExpired, s.shard, s.owner.ttl))
+	s.Lose(lose(LossDeadline, fmt.Errorf("%w: keepalives on shard %d not acknowledged within the session TTL of %v", lockerr.LeaseExpired, s.shard, s.owner.ttl)))
 }
 
 // Lose ends the session on this side because it was lost, once, which
@@ -395,6 +395,8 @@ func (s *Session) loseLocally(err error) bool {
 	level := s.c.cfg.Log.Warn
 	if errors.Is(err, lockerr.SessionClosed) || errors.Is(err, lockerr.Closed) {
 		level = s.c.cfg.Log.Debug
+	} else if s.c.cfg.OnLost != nil {
+		s.c.cfg.OnLost(s.shard, locks, LossReason(err))
 	}
 	level("session ended", "shard", s.shard, "session", s.id, "locks", locks, "err", err)
 	return true
@@ -429,4 +431,40 @@ func Describe(r lockfsm.Result) string {
 		return fmt.Sprintf("status %v: %s", r.Status, r.Err)
 	}
 	return fmt.Sprintf("status %v", r.Status)
+}
+
+// Why a session is lost, as LossReason names it.
+const (
+	// LossExpired: the cluster no longer counts the session as live (its
+	// leader said so, or the shard no longer knows it).
+	LossExpired = "expired"
+	// LossDeadline: keepalives went unacknowledged until the lease ran
+	// out on this peer's clock.
+	LossDeadline = "lease_timeout"
+	// LossUnsettled: a release or the withdrawal of an abandoned attempt
+	// could not commit, so the session was given up to free its keys.
+	LossUnsettled = "unsettled"
+	// LossOther: any other cause (a caller's Lose).
+	LossOther = "other"
+)
+
+// loss is an error that ends a session, with the reason.
+type loss struct {
+	reason string
+	err    error
+}
+
+func (l *loss) Error() string { return l.err.Error() }
+func (l *loss) Unwrap() error { return l.err }
+
+// lose tags err, which ends a session, with reason.
+func lose(reason string, err error) error { return &loss{reason: reason, err: err} }
+
+// LossReason returns the reason a session ended with err: one of the Loss
+// constants.
+func LossReason(err error) string {
+	if l, ok := errors.AsType[*loss](err); ok {
+		return l.reason
+	}
+	return LossOther
 }

@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"sync"
+	"time"
 	_ "unsafe" // go:linkname, for dragonboat's default LogDB
 
 	"github.com/lni/dragonboat/v4/config"
@@ -24,12 +25,17 @@ func newDefaultLogDB(cfg config.NodeHostConfig, cb config.LogDBCallback, dirs, l
 // same name, so data dirs of earlier releases open unchanged.
 const defaultLogDBName = "sharded-pebble"
 
-// logDBFactory makes dragonboat's default LogDB wrapped in a commitLog.
-type logDBFactory struct{}
+// logDBFactory makes dragonboat's default LogDB wrapped in a commitLog,
+// which tells onState (if not nil) of the Raft states it reads and
+// onSync of how long each synced write took.
+type logDBFactory struct {
+	onState func(shard, replica, commit uint64)
+	onSync  func(time.Duration) // the time of each synced write
+}
 
 func (logDBFactory) Name() string { return defaultLogDBName }
 
-func (logDBFactory) Create(cfg config.NodeHostConfig, cb config.LogDBCallback, dirs, lldirs []string) (raftio.ILogDB, error) {
+func (f logDBFactory) Create(cfg config.NodeHostConfig, cb config.LogDBCallback, dirs, lldirs []string) (raftio.ILogDB, error) {
 	// The LogDB keeps a write context per step worker, named by the
 	// worker's number; one more is the commitLog's own.
 	workers := cfg.Expert.Engine.ExecShards
@@ -49,7 +55,9 @@ func (logDBFactory) Create(cfg config.NodeHostConfig, cb config.LogDBCallback, d
 			return nil, err
 		}
 	}
-	return newCommitLog(db, workers+1), nil
+	l := newCommitLog(db, workers+1)
+	l.onState, l.onSync = f.onState, f.onSync
+	return l, nil
 }
 
 // replicaKey names a replica in the LogDB.
@@ -71,7 +79,9 @@ type replicaKey struct{ shard, replica uint64 }
 // entries again from its snapshot, as after any restart, and catches up.
 type commitLog struct {
 	raftio.ILogDB
-	worker uint64 // the write context of flush, used by no step worker
+	worker  uint64 // the write context of flush, used by no step worker
+	onState func(shard, replica, commit uint64)
+	onSync  func(time.Duration) // the time of each synced write
 
 	mu sync.Mutex
 	// saved is the term and vote last written per replica; pending the
@@ -119,7 +129,13 @@ func (l *commitLog) SaveRaftState(updates []pb.Update, worker uint64) error {
 	}
 	updates = l.withPending(updates)
 	l.mu.Unlock()
-	return l.ILogDB.SaveRaftState(updates, worker)
+	if l.onSync == nil {
+		return l.ILogDB.SaveRaftState(updates, worker)
+	}
+	start := time.Now()
+	err := l.ILogDB.SaveRaftState(updates, worker)
+	l.onSync(time.Since(start))
+	return err
 }
 
 // withPending returns updates followed by the kept states of replicas
@@ -174,6 +190,9 @@ func (l *commitLog) ReadRaftState(shard, replica, snapshotIndex uint64) (raftio.
 	rs, err := l.ILogDB.ReadRaftState(shard, replica, snapshotIndex)
 	if err == nil && !pb.IsEmptyState(rs.State) && rs.State.Commit < snapshotIndex {
 		rs.State.Commit = snapshotIndex
+	}
+	if err == nil && l.onState != nil {
+		l.onState(shard, replica, rs.State.Commit)
 	}
 	return rs, err
 }

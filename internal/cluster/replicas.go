@@ -57,6 +57,18 @@ type HostConfig struct {
 	// halted), with its shard, on the goroutine stopping it; node drops
 	// the shard's leases there. It must not block. Nil means nothing to do.
 	OnStop func(shard uint64)
+	// OnRaftState, when not nil, is told the commit index each replica's
+	// stored Raft state records as the replica starts: the entries up to
+	// it committed before this start, and the replica applies them late
+	// (node dates observations with it; see internal/contention).
+	OnRaftState func(shard, replica, commit uint64)
+	// OnSync, when not nil, is told how long each write of the Raft log
+	// that is synced to disk took (the write and its fsync), on the step
+	// worker that made it. It must not block.
+	OnSync func(time.Duration)
+	// RaftMetrics switches on dragonboat's own metrics (see
+	// node.WriteRaftMetrics).
+	RaftMetrics bool
 }
 
 // NodeHostConfig is the dragonboat configuration of c: one shared LogDB
@@ -74,11 +86,12 @@ func NodeHostConfig(c HostConfig) (config.NodeHostConfig, error) {
 		RTTMillisecond:    uint64(c.RTT / time.Millisecond),
 		RaftAddress:       c.RaftAddr,
 		RaftEventListener: c.Listener,
+		EnableMetrics:     c.RaftMetrics,
 		Expert: config.ExpertConfig{
 			FS:                  c.FS,
 			NodeRegistryFactory: c.Registry,
 			LogDB:               logDBConfig(),
-			LogDBFactory:        logDBFactory{},
+			LogDBFactory:        logDBFactory{onState: c.OnRaftState, onSync: c.OnSync},
 			Engine:              engineConfig(recordedStepWorkers(fs, c.Dir)),
 		},
 	}

@@ -2,12 +2,16 @@ package replica
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
+	"slices"
 	"sync/atomic"
+	"time"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
+	"github.com/lockmesh/lockmesh/internal/contention"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -43,6 +47,14 @@ type LockConfig struct {
 	// Counts, when not nil, counts the entries and commands applied; the
 	// peer's replicas share one.
 	Counts *Counts
+	// Now is the local clock the replica dates its observations of grants
+	// and waits with (internal/contention); nil is time.Now.
+	Now func() time.Time
+	// ReplayedTo, when not nil, returns the commit index the replica's
+	// stored Raft state recorded when it started: entries up to it were
+	// committed before, and are dated as applied late. It is called once,
+	// at the first entry applied.
+	ReplayedTo func() uint64
 }
 
 // Counts are counters of what a peer's lock replicas applied, shared by
@@ -68,6 +80,10 @@ type Lock struct {
 	snapshotFormat func() byte
 	halt           Halter
 	counts         *Counts
+	now            func() time.Time
+	replayedTo     func() uint64
+	lateTo         uint64 // entries up to this index are applied late
+	seen           *contention.Tracker
 }
 
 // NewLock returns the state machine of a new replica of cfg.Shard, with an
@@ -77,10 +93,15 @@ func NewLock(cfg LockConfig) *Lock {
 	if maxFormat == 0 {
 		maxFormat = lockfsm.Version
 	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
 	return &Lock{shard: cfg.Shard, state: lockfsm.New(), onGrant: cfg.OnGrant,
 		onApply: cfg.OnApply, skipTermCheck: cfg.SkipTermCheck,
 		maxFormat: maxFormat, maxSnapshot: cfg.MaxSnapshot,
-		snapshotFormat: cfg.SnapshotFormat, halt: cfg.Halt, counts: cfg.Counts}
+		snapshotFormat: cfg.SnapshotFormat, halt: cfg.Halt, counts: cfg.Counts,
+		now: now, replayedTo: cfg.ReplayedTo, seen: contention.New(now())}
 }
 
 // ResultHalted is the Value of an entry a lock replica did not apply
@@ -114,6 +135,7 @@ func (s *Lock) Update(e sm.Entry) (sm.Result, error) {
 	if s.onApply != nil {
 		s.onApply(s.shard, e.Index, grants)
 	}
+	s.observe(e.Index, cmds, results, grants)
 	data, err := lockfsm.EncodeResults(results)
 	if err != nil {
 		return sm.Result{}, fmt.Errorf("shard %d: encode results: %w", s.shard, err)
@@ -134,6 +156,45 @@ func (s *Lock) Update(e sm.Entry) (sm.Result, error) {
 	return sm.Result{Value: uint64(len(results)), Data: data}, nil
 }
 
+// observe dates what entry index did: the waits it began and ended and
+// the grants it made (see internal/contention).
+func (s *Lock) observe(index uint64, cmds []lockfsm.Command, results []lockfsm.Result, grants []lockfsm.Grant) {
+	if s.replayedTo != nil {
+		s.lateTo, s.replayedTo = s.replayedTo(), nil
+	}
+	late := index <= s.lateTo
+	var now time.Time
+	for i, r := range results {
+		switch {
+		case r.Status == lockfsm.StatusQueued && cmds[i].Op == lockfsm.OpAcquire:
+			if now.IsZero() {
+				now = s.now()
+			}
+			s.seen.Queued(now, contention.Attempt{Session: cmds[i].Session, Req: cmds[i].Req}, late, s.waiting)
+		case r.Status == lockfsm.StatusCancelled && cmds[i].Op == lockfsm.OpCancel:
+			s.seen.Left(contention.Attempt{Session: cmds[i].Session, Req: cmds[i].Target})
+		}
+	}
+	if len(grants) == 0 {
+		return
+	}
+	if now.IsZero() {
+		now = s.now()
+	}
+	s.seen.Granted(now, s.state.LastToken(), late)
+	for _, g := range grants {
+		if g.HandOff {
+			s.seen.HandedOff(now, contention.Attempt{Session: g.Session, Req: g.Req}, g.Key)
+		}
+	}
+}
+
+// waiting reports whether attempt a still waits in the state.
+func (s *Lock) waiting(a contention.Attempt) bool {
+	info, _ := s.state.Request(a.Session, a.Req)
+	return info.State == lockfsm.ReqWaiting
+}
+
 func (s *Lock) decode(cmd []byte) ([]lockfsm.Command, error) {
 	if len(cmd) > 0 && cmd[0] > s.maxFormat {
 		return nil, fmt.Errorf("%w: command format %d is newer than %d, the newest this peer is held to", lockfsm.ErrVersion, cmd[0], s.maxFormat)
@@ -152,13 +213,23 @@ type Query struct {
 	Session uint64 `msgpack:"s"`
 	Req     uint64 `msgpack:"r"`
 	Key     string `msgpack:"y"`
+	// Ages asks a QueryKey answer for the ages of the key's holds and
+	// waits (Answer.HolderAges, WaiterAges). Peers set it from feature
+	// level 3, which every replica then reads.
+	Ages bool `msgpack:"a,omitempty"`
+	// K is how many keys and holds a QueryTop answers, at most MaxTop.
+	K int `msgpack:"n,omitempty"`
 }
+
+// MaxTop bounds Query.K.
+const MaxTop = 100
 
 // Query kinds.
 const (
 	QueryRequest  uint8 = iota + 1 // the state of request Req of Session
 	QueryKey                       // Key's holders and waiters
 	QuerySessions                  // every session, the recorded term and the timed holds
+	QueryTop                       // the most contended keys and longest holds (feature level 3)
 )
 
 // Answer is Lookup's reply to a Query.
@@ -173,6 +244,51 @@ type Answer struct {
 	// Holds are the held locks with a maximum hold time (QuerySessions);
 	// left out when there are none, as below feature level 3.
 	Holds []lockfsm.HoldInfo `msgpack:"mh,omitempty"`
+	// HolderAges and WaiterAges date Key's holders and waiters, in their
+	// order (QueryKey with Ages).
+	HolderAges []Age `msgpack:"ha,omitempty"`
+	WaiterAges []Age `msgpack:"wa,omitempty"`
+	// Top answers a QueryTop.
+	Top *Top `msgpack:"tp,omitempty"`
+}
+
+// Age is how long ago a grant or wait began, as the answering replica
+// saw it (contention.Age).
+type Age struct {
+	Millis  uint64 `msgpack:"m"`
+	AtLeast bool   `msgpack:"l,omitempty"`
+	Known   bool   `msgpack:"k,omitempty"`
+}
+
+func ageOf(a contention.Age) Age {
+	return Age{Millis: uint64(a.Dur / time.Millisecond), AtLeast: a.AtLeast, Known: a.Known}
+}
+
+// Top is a shard's most contended keys and longest holds (QueryTop).
+type Top struct {
+	// SinceMillis is when the answering replica started observing, in
+	// Unix milliseconds.
+	SinceMillis int64     `msgpack:"s"`
+	Keys        []TopKey  `msgpack:"k"`
+	Holds       []TopHold `msgpack:"h"`
+}
+
+// TopKey is a contended key: its waiters now, and what the replica's
+// summary counted of its past waits (contention.KeyStat).
+type TopKey struct {
+	Key             string `msgpack:"y"`
+	Waiters         int    `msgpack:"w"`
+	OldestWait      Age    `msgpack:"o"`
+	Handoffs        uint64 `msgpack:"h"`
+	WaitMillis      uint64 `msgpack:"t"`
+	OvercountMillis uint64 `msgpack:"c"`
+}
+
+// TopHold is a hold granted long ago.
+type TopHold struct {
+	Key    string         `msgpack:"y"`
+	Holder lockfsm.Holder `msgpack:"h"`
+	Age    Age            `msgpack:"a"`
 }
 
 // Lookup answers a Query with an Answer, or runs a StateReader. A halted
@@ -194,12 +310,68 @@ func (s *Lock) Lookup(q any) (any, error) {
 		a.Request, a.SessionFound = s.state.Request(lq.Session, lq.Req)
 	case QueryKey:
 		a.Key, a.KeyFound = s.state.Key(lq.Key)
+		if lq.Ages && a.KeyFound {
+			now := s.now()
+			for _, h := range a.Key.Holders {
+				a.HolderAges = append(a.HolderAges, ageOf(s.seen.GrantAge(now, h.Token)))
+			}
+			for _, w := range a.Key.Waiters {
+				a.WaiterAges = append(a.WaiterAges, ageOf(s.seen.WaitAge(now, contention.Attempt{Session: w.Session, Req: w.Req})))
+			}
+		}
+	case QueryTop:
+		a.Top = s.top(min(max(lq.K, 1), MaxTop))
 	case QuerySessions:
 		a.Sessions, a.Term, a.Holds = s.state.Sessions(), s.state.Term(), s.state.MaxHolds()
 	default:
 		return nil, fmt.Errorf("shard %d: unknown query kind %d", s.shard, lq.Kind)
 	}
 	return a, nil
+}
+
+// top answers a QueryTop for k: the keys of the longest queues now and of
+// the summary of past waits, ranked by their summed past waits plus the
+// oldest wait going on, and the k holds granted longest ago. It scans
+// every key of the shard (lockfsm.State.Contention).
+func (s *Lock) top(k int) *Top {
+	now := s.now()
+	queues, oldest := s.state.Contention(k)
+	t := &Top{SinceMillis: s.seen.Since().UnixMilli()}
+	byKey := map[string]*TopKey{}
+	add := func(key string) *TopKey {
+		if tk, ok := byKey[key]; ok {
+			return tk
+		}
+		tk := &TopKey{Key: key}
+		if info, ok := s.state.Key(key); ok && len(info.Waiters) > 0 {
+			w := info.Waiters[0]
+			tk.Waiters = len(info.Waiters)
+			tk.OldestWait = ageOf(s.seen.WaitAge(now, contention.Attempt{Session: w.Session, Req: w.Req}))
+		}
+		byKey[key] = tk
+		return tk
+	}
+	for _, q := range queues {
+		add(q.Key)
+	}
+	for _, ks := range s.seen.Keys() {
+		tk := add(ks.Key)
+		tk.Handoffs, tk.WaitMillis, tk.OvercountMillis = ks.Handoffs, uint64(ks.Wait/time.Millisecond), uint64(ks.Overcount/time.Millisecond)
+	}
+	for _, tk := range byKey {
+		t.Keys = append(t.Keys, *tk)
+	}
+	score := func(tk TopKey) uint64 { return tk.WaitMillis + tk.OldestWait.Millis }
+	slices.SortFunc(t.Keys, func(a, b TopKey) int {
+		return cmp.Or(cmp.Compare(score(b), score(a)), cmp.Compare(b.Waiters, a.Waiters), cmp.Compare(a.Key, b.Key))
+	})
+	if len(t.Keys) > k {
+		t.Keys = t.Keys[:k]
+	}
+	for _, h := range oldest {
+		t.Holds = append(t.Holds, TopHold{Key: h.Key, Holder: h.Holder, Age: ageOf(s.seen.GrantAge(now, h.Token))})
+	}
+	return t
 }
 
 // SaveSnapshot writes the state in the snapshot format of the cluster's
@@ -250,7 +422,9 @@ func (s *Lock) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan st
 	}
 	if err != nil {
 		s.halt.stopSnapshot(s.shard, version, err)
+		return nil
 	}
+	s.seen.Loaded(s.now(), s.state.LastToken())
 	return nil
 }
 

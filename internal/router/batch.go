@@ -68,6 +68,9 @@ func (r *Router) goFunc(f func()) {
 // waiting while the queue is full until ctx ends or the router closes.
 func (b *batcher) enqueue(ctx context.Context, cmds []lockfsm.Command) (*RequestState, error) {
 	rs := &RequestState{cmds: cmds, c: make(chan Outcome, 1)}
+	if sc, ok := spanned(ctx); ok {
+		rs.trace = sc
+	}
 	select {
 	case b.in <- rs:
 		return rs, nil
@@ -173,9 +176,9 @@ func (b *batcher) commit(batch []*RequestState) {
 	defer cancel()
 	var results []lockfsm.Result
 	if b.local {
-		results, err = b.r.host.ProposeLocal(ctx, b.shard, data)
+		results, err = b.r.proposeLocal(ctx, b.shard, data, batch)
 	} else {
-		results, err = b.r.propose(ctx, b.shard, data)
+		results, err = b.r.propose(ctx, b.shard, data, batch)
 	}
 	if err == nil && len(results) != len(cmds) {
 		err = fmt.Errorf("shard %d answered %d results for %d commands", b.shard, len(results), len(cmds))

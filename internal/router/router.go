@@ -22,6 +22,8 @@ import (
 
 	"github.com/lni/dragonboat/v4"
 	"github.com/vmihailenco/msgpack/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
@@ -89,6 +91,18 @@ type Config struct {
 	// ReadMethod is the RPC method a peer serves with ServeRead
 	// (ReadRequest -> replica.Answer).
 	ReadMethod uint8
+
+	// Tracer, when not nil, traces the proposals of commands proposed
+	// from a sampled span (see trace.go).
+	Tracer trace.Tracer
+	// CarryTraces reports whether forwarded proposals may carry trace
+	// contexts (ProposeRequest.Traces): every peer of the cluster reads
+	// them. Nil means never.
+	CarryTraces func() bool
+	// OnProposed, when not nil, is told of each batch proposed from this
+	// peer: its shard, whether it was forwarded to another peer, how long
+	// it took and how it ended. It must not block.
+	OnProposed func(shard uint64, forwarded bool, d time.Duration, err error)
 }
 
 // ProposeRequest is a batch forwarded to a peer hosting the shard, which
@@ -98,6 +112,9 @@ type ProposeRequest struct {
 	Shard uint64 `msgpack:"s"`
 	Cmds  []byte `msgpack:"c"` // lockfsm.EncodeCommandsFormat
 	Level uint8  `msgpack:"v,omitempty"`
+	// Traces are the trace contexts of the batch's traced commands;
+	// written from feature level 3 (Config.CarryTraces).
+	Traces []TraceRef `msgpack:"t,omitempty"`
 }
 
 // ProposeResponse answers a ProposeRequest.
@@ -119,8 +136,9 @@ type Outcome struct {
 // ResultC delivers its Outcome exactly once. A group's commands stay
 // together, in order, in one entry.
 type RequestState struct {
-	cmds []lockfsm.Command
-	c    chan Outcome // buffered 1: the batch never waits for a reader
+	cmds  []lockfsm.Command
+	c     chan Outcome      // buffered 1: the batch never waits for a reader
+	trace trace.SpanContext // of the caller, when sampled
 }
 
 // ResultC returns the channel the command's Outcome arrives on.
@@ -374,8 +392,18 @@ func (r *Router) ServePropose(ctx context.Context, req ProposeRequest) ([]byte, 
 	// together (lockfsm.Units), as the proposer sent them.
 	units := lockfsm.Units(cmds)
 	states := make([]*RequestState, len(units))
+	traces := remoteTraces(req.Traces, len(cmds))
+	first := 0
 	for i, u := range units {
-		if states[i], err = b.enqueue(ctx, u); err != nil {
+		uctx := ctx
+		if sc, ok := traces[first]; ok {
+			var span trace.Span
+			uctx, span = r.tracer().Start(trace.ContextWithRemoteSpanContext(ctx, sc), "lockmesh.serve_propose",
+				trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attribute.Int64("lockmesh.shard", int64(req.Shard))))
+			defer span.End()
+		}
+		first += len(u)
+		if states[i], err = b.enqueue(uctx, u); err != nil {
 			return nil, busy(err)
 		}
 	}
@@ -409,13 +437,23 @@ func (r *Router) ServePropose(ctx context.Context, req ProposeRequest) ([]byte, 
 // next message, which costs up to a heartbeat. Handing the batch to the
 // leader's peer and proposing it there is about twice as fast, so that is
 // tried first.
-func (r *Router) propose(ctx context.Context, shard uint64, data []byte) ([]lockfsm.Result, error) {
+func (r *Router) propose(ctx context.Context, shard uint64, data []byte, batch []*RequestState) (results []lockfsm.Result, err error) {
 	hosted := r.host.Hosts(shard)
 	leader := r.LeaderGuess(shard)
 	if hosted && (leader == "" || leader == r.cfg.Name) {
-		return r.host.ProposeLocal(ctx, shard, data)
+		return r.proposeLocal(ctx, shard, data, batch)
 	}
-	body, err := msgpack.Marshal(ProposeRequest{Shard: shard, Cmds: data, Level: r.host.Level()})
+	start := time.Now()
+	spans := r.startSpans(shard, batch, "lockmesh.forward", trace.SpanKindClient)
+	defer func() {
+		spans.end(err)
+		r.observe(shard, true, start, err)
+	}()
+	req := ProposeRequest{Shard: shard, Cmds: data, Level: r.host.Level()}
+	if r.cfg.CarryTraces != nil && r.cfg.CarryTraces() {
+		req.Traces = spans.traceRefs()
+	}
+	body, err := msgpack.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +461,7 @@ func (r *Router) propose(ctx context.Context, shard uint64, data []byte) ([]lock
 	if hosted {
 		addr, ok := r.host.Addr(leader)
 		if !ok {
-			return r.host.ProposeLocal(ctx, shard, data)
+			return r.proposeLocal(ctx, shard, data, batch)
 		}
 		if raw, err = r.cfg.Peers.Call(ctx, addr, r.cfg.ProposeMethod, body); err != nil {
 			if ctx.Err() != nil || !Retryable(err) {
@@ -431,7 +469,7 @@ func (r *Router) propose(ctx context.Context, shard uint64, data []byte) ([]lock
 			}
 			// The leader moved or is unreachable; the retry is
 			// idempotent, and dragonboat finds the leader itself.
-			return r.host.ProposeLocal(ctx, shard, data)
+			return r.proposeLocal(ctx, shard, data, batch)
 		}
 	} else if raw, err = r.CallHost(ctx, shard, r.cfg.ProposeMethod, body); err != nil {
 		return nil, err
@@ -444,4 +482,15 @@ func (r *Router) propose(ctx context.Context, shard uint64, data []byte) ([]lock
 		r.SetLeader(shard, resp.Leader)
 	}
 	return lockfsm.DecodeResults(resp.Results)
+}
+
+// proposeLocal commits an encoded batch through this peer's replica of
+// shard, traced and timed.
+func (r *Router) proposeLocal(ctx context.Context, shard uint64, data []byte, batch []*RequestState) (results []lockfsm.Result, err error) {
+	start := time.Now()
+	spans := r.startSpans(shard, batch, "lockmesh.propose", trace.SpanKindInternal)
+	results, err = r.host.ProposeLocal(ctx, shard, data)
+	spans.end(err)
+	r.observe(shard, false, start, err)
+	return results, err
 }
