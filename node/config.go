@@ -3,6 +3,8 @@ package node
 import (
 	"crypto/tls"
 	"fmt"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 	"time"
 
@@ -146,6 +148,20 @@ type Config struct {
 	// Set TLS too: lock commands also travel over lockmesh's own transport,
 	// so a peer that can reach the RPC port unauthenticated can lock.
 	RaftTLS RaftTLS
+
+	// MeterProvider receives lockmesh's metrics (docs/OBSERVABILITY.md
+	// lists them); nil records none. lockmesh never sets a global
+	// provider: pass the application's. No metric has a key as an
+	// attribute.
+	MeterProvider metric.MeterProvider
+	// TracerProvider traces Lock, TryLock, Unlock, Release, the lock
+	// family and the proposals they make; a forwarded proposal continues
+	// its caller's trace on the peer that serves it (from feature level
+	// 3). Nil traces nothing. Spans carry the key as an attribute.
+	TracerProvider trace.TracerProvider
+	// RaftMetrics switches on dragonboat's own Raft metrics, which it
+	// keeps for the whole process; WriteRaftMetrics writes them.
+	RaftMetrics bool
 
 	// clock is the time source of the lease logic (holder deadlines and
 	// leader expiry): the system's monotonic clock, or in tests a skewed

@@ -337,6 +337,17 @@ func (s *Session) TryLockAll(ctx context.Context, keys ...string) (*MultiLock, e
 }
 
 func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (*MultiLock, error) {
+	ctx, call := s.n.obs.startAcquire(ctx, primitiveMulti, wait, keys...)
+	m, err := s.lockAllObserved(ctx, keys, wait)
+	var locks []*Lock
+	if m != nil {
+		locks = m.locks
+	}
+	call.end(ctx, locks, err)
+	return m, err
+}
+
+func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool) (*MultiLock, error) {
 	n := s.n
 	switch {
 	case len(keys) == 0:
@@ -407,7 +418,7 @@ func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (*Multi
 			return nil, publicErr(err)
 		}
 		for _, h := range hs {
-			held[h.Key()] = &Lock{h: h}
+			held[h.Key()] = &Lock{h: h, obs: n.obs}
 		}
 	}
 	m := &MultiLock{locks: make([]*Lock, len(keys))}

@@ -60,15 +60,30 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	}
 	shard := p.ShardOf(key)
 	info := KeyInfo{Key: key, Shard: shard}
-	a, err := n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey, Key: key})
+	q := replica.Query{Kind: replica.QueryKey, Key: key, Ages: n.clusterLevel() >= traceLevel}
+	a, err := n.router.ReadRetrying(ctx, shard, q)
 	if err != nil {
 		return info, fmt.Errorf("inspect %q: %w", key, err)
 	}
 	if a.KeyFound {
-		info.Holders = holders(a.Key.Holders)
-		info.Waiters = holders(a.Key.Waiters)
+		info.Holders = withAges(holders(a.Key.Holders), a.HolderAges)
+		info.Waiters = withAges(holders(a.Key.Waiters), a.WaiterAges)
 	}
 	return info, nil
+}
+
+// withAges sets the ages of hs from ages, in the same order; a replica of
+// a release before ages answers none.
+func withAges(hs []Holder, ages []replica.Age) []Holder {
+	if len(ages) != len(hs) {
+		return hs
+	}
+	for i, a := range ages {
+		if a.Known {
+			hs[i].Age, hs[i].AtLeast = micros(a.Micros), a.AtLeast
+		}
+	}
+	return hs
 }
 
 func holders(hs []lockfsm.Holder) []Holder {

@@ -20,6 +20,12 @@ type Lock struct {
 	// given is set once this hold was unlocked or released: a reentrant
 	// grant is shared by several Locks, each of which gives up one hold.
 	given atomic.Bool
+	// obs observes its release; granted is when it was granted
+	// (sinceEpoch; 0 when no MeterProvider times holds), and primitive
+	// what took it: for the hold time metric.
+	obs       *telemetry
+	granted   int64
+	primitive primitive
 }
 
 // Key returns the locked key.
@@ -65,7 +71,10 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if last, err := l.give(); !last {
 		return err
 	}
-	return l.h.Unlock(ctx)
+	ctx, span := l.obs.startRelease(ctx, "lockmesh.Unlock", l)
+	err := l.h.Unlock(ctx)
+	l.obs.endRelease(ctx, span, l, err)
+	return err
 }
 
 // give gives up this Lock's hold and reports whether it was the last
@@ -107,7 +116,10 @@ func (l *Lock) Release() error {
 	if last, err := l.give(); !last {
 		return err
 	}
-	return l.h.Release()
+	ctx, span := l.obs.startRelease(context.Background(), "lockmesh.Release", l)
+	err := l.h.Release()
+	l.obs.endRelease(ctx, span, l, err)
+	return err
 }
 
 // Lock blocks until key is granted to this caller, in FIFO order among the
@@ -137,6 +149,13 @@ func (n *Node) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lo
 }
 
 func (n *Node) acquire(ctx context.Context, key string, wait bool, opts []LockOption) (*Lock, error) {
+	return n.observeAcquire(ctx, primitiveMutex, wait, key, func(ctx context.Context) (*Lock, error) {
+		return n.acquireDefault(ctx, key, wait, opts)
+	})
+}
+
+// acquireDefault takes key in the node's default session of its shard.
+func (n *Node) acquireDefault(ctx context.Context, key string, wait bool, opts []LockOption) (*Lock, error) {
 	spec, err := n.spec(client.Spec{}, opts)
 	if err != nil {
 		return nil, err
@@ -183,5 +202,5 @@ func (n *Node) acquireIn(ctx context.Context, key string, wait bool, spec client
 	if h == nil {
 		return nil, retry, publicErr(err)
 	}
-	return &Lock{h: h}, false, nil
+	return &Lock{h: h, obs: n.obs}, false, nil
 }

@@ -24,7 +24,8 @@ import (
 // placement loops.
 func (n *Node) newMembership() *cluster.Service {
 	return cluster.NewService(membershipHost{n}, cluster.ServiceConfig{
-		Name: n.cfg.Name,
+		Name:    n.cfg.Name,
+		Applied: n.appliedIndexes,
 		Methods: cluster.Methods{
 			Prepare:        methodPrepare,
 			Commit:         methodCommit,

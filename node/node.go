@@ -70,6 +70,7 @@ type Node struct {
 
 	router *router.Router // batching, forwarding, retries, the leader cache
 	counts replica.Counts // what this peer's lock replicas applied (Stats)
+	obs    *telemetry     // metrics and traces
 
 	// client is the client side of sessions: the live Sessions, the
 	// default session of each shard (Node.Lock), their leases, the
@@ -117,6 +118,11 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	n.dir = datadir.Dir{FS: cfg.fs, Path: cfg.DataDir, Log: n.log}
 	// Before newClient: the client side ends with n.ctx.
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	var err error
+	if n.obs, err = newTelemetry(n); err != nil {
+		n.cancel()
+		return nil, fmt.Errorf("%w: metrics: %v", ErrInvalidConfig, err)
+	}
 	n.client = newClient(n)
 	n.leading = newLeading(n)
 	if err := n.open(ctx); err != nil {
@@ -177,6 +183,13 @@ func (n *Node) open(ctx context.Context) error {
 		Listener:  leaderListener{n},
 		Logger:    n.log,
 		OnStop:    n.leading.Drop,
+		OnRaftState: func(shard, _, commit uint64) {
+			n.obs.startCommits.Store(shard, commit)
+		},
+		RaftMetrics: cfg.RaftMetrics,
+	}
+	if n.obs.on {
+		hc.OnSync = n.obs.onSync
 	}
 	if cfg.RaftTLS.enabled() {
 		hc.CAFile, hc.CertFile, hc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
@@ -322,6 +335,7 @@ func (n *Node) shutdown(leave bool) {
 	if n.replicas != nil {
 		n.replicas.Close()
 	}
+	n.obs.close()
 }
 
 // isClosed reports whether Close or kill has begun: calls made from then
@@ -429,7 +443,7 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 				OnApply: n.hooks.onApply, SkipTermCheck: n.hooks.unsafeSkipExpiryTerm,
 				MaxFormat: commandFormat(n.topLevel()), MaxSnapshot: n.hooks.holdSnapshot,
 				SnapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, Halt: halt,
-				Counts: &n.counts})
+				Counts: &n.counts, ReplayedTo: func() uint64 { return n.obs.startCommit(shard) }})
 		}
 	}
 	return n.replicas.Start(p, shard, r, create)
@@ -491,6 +505,9 @@ type leaderListener struct{ n *Node }
 
 func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
 	l.n.leading.LeaderUpdated(info)
+	if info.ShardID != metaShardID {
+		l.n.obs.onLeaderChange(info.ShardID)
+	}
 	if p := l.n.placement.Load(); p != nil && info.LeaderID != 0 {
 		if pe, ok := p.PeerByReplica(info.LeaderID); ok {
 			l.n.setLeader(info.ShardID, pe.Name)

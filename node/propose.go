@@ -59,7 +59,9 @@ func (h routerHost) ServeKeepAlive(ctx context.Context, req router.KeepAliveRequ
 // newRouter starts the router of n's commands.
 func (n *Node) newRouter() *router.Router {
 	return router.New(router.Config{Name: n.cfg.Name, RTT: n.cfg.RTT, Peers: n.peers,
-		ProposeMethod: methodPropose, KeepAliveMethod: methodKeepAlive, ReadMethod: methodRead}, routerHost{n})
+		ProposeMethod: methodPropose, KeepAliveMethod: methodKeepAlive, ReadMethod: methodRead,
+		Tracer: n.obs.tracer, CarryTraces: func() bool { return n.clusterLevel() >= traceLevel }, OnProposed: n.obs.onProposed},
+		routerHost{n})
 }
 
 // apply runs one command on its shard and returns its result, retrying

@@ -138,6 +138,13 @@ func (s *Session) TryLock(ctx context.Context, key string, opts ...LockOption) (
 // names the holders, and a wait that closes a cycle of Sessions is
 // refused (a Session is one thread of control: see WithReentrant).
 func (s *Session) acquire(ctx context.Context, key string, wait bool, spec client.Spec, opts []LockOption) (*Lock, error) {
+	return s.n.observeAcquire(ctx, primitiveOf(spec), wait, key, func(ctx context.Context) (*Lock, error) {
+		return s.acquireObserved(ctx, key, wait, spec, opts)
+	})
+}
+
+// acquireObserved is acquire, inside its span and metrics.
+func (s *Session) acquireObserved(ctx context.Context, key string, wait bool, spec client.Spec, opts []LockOption) (*Lock, error) {
 	spec, err := s.n.spec(spec, opts)
 	if err != nil {
 		return nil, err
@@ -193,11 +200,16 @@ func newClient(n *Node) *client.Client {
 		ReadAttempt: n.readAttempt,
 		// The router is made later, in open; keepalives start after it.
 		KeepAlive: func(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {
-			return n.router.KeepAlive(ctx, shard, ids)
+			start := time.Now()
+			expired, err := n.router.KeepAlive(ctx, shard, ids)
+			n.obs.keepAliveTimed(shard, start, err)
+			return expired, err
 		},
-		Go:     func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
-		Stop:   n.ctx.Done(),
-		Labels: n.labels,
+		Go:       func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
+		Stop:     n.ctx.Done(),
+		Labels:   n.labels,
+		OnQueued: n.obs.onQueued,
+		OnLost:   n.obs.onLost,
 	})
 }
 

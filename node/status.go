@@ -1,7 +1,17 @@
 package node
 
 import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/release"
+	"github.com/lockmesh/lockmesh/internal/replica"
+	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // Status is one peer's view of the mesh and of the cluster's shards, for
@@ -43,7 +53,8 @@ type ShardStatus struct {
 	// Replicas are the shard's replicas in the layout, by peer name.
 	Replicas []ReplicaStatus
 	// Counted is true when the counts below come from the shard's state:
-	// this peer hosts a replica, or the leader's peer answered.
+	// this peer hosts a replica, whose state they are (it may lag the
+	// leader's by its Lag).
 	Counted bool
 	// Sessions, Keys, Holders and Waiters count the shard's live
 	// sessions, keys held or waited for, holders and waiters.
@@ -115,3 +126,213 @@ type LongHold struct {
 	HeldFor time.Duration
 	AtLeast bool
 }
+
+// statusPeerTimeout bounds the wait for each peer's answer in Status.
+const statusPeerTimeout = time.Second
+
+// Status reports this peer's view of the mesh and the cluster's shards
+// (see Status). It asks every live peer of the layout for the replicas it
+// runs and how far each has applied, at most a second each, in parallel;
+// a peer that does not answer leaves its replicas not Reported. It fails
+// only when ctx ends or after Close.
+func (n *Node) Status(ctx context.Context) (Status, error) {
+	if n.isClosed() {
+		return Status{}, ErrClosed
+	}
+	p := n.placement.Load()
+	st := Status{Peer: n.cfg.Name, Release: release.Version, Level: levelOf(p), Ready: p != nil}
+	for _, m := range n.Members() {
+		ms := MemberStatus{Member: m}
+		if mm, ok := n.mesh.Member(m.Name); ok {
+			ms.Level, ms.NoReplicas = mm.Meta.Version, mm.Meta.NoReplicas
+		}
+		st.Members = append(st.Members, ms)
+	}
+	if p == nil {
+		return st, ctx.Err()
+	}
+	st.Cluster = p.ClusterID
+	applied := n.askApplied(ctx, p)
+	for _, shard := range p.ShardIDs() {
+		if shard == metaShardID {
+			continue
+		}
+		ss := ShardStatus{Shard: shard, Leader: n.leaderGuess(shard)}
+		var most uint64
+		for _, r := range p.Replicas[shard] {
+			rs := ReplicaStatus{Peer: r.Peer, Replica: r.ID, Leader: r.Peer == ss.Leader}
+			rs.Applied, rs.Reported = applied[r.Peer][shard]
+			most = max(most, rs.Applied)
+			ss.Replicas = append(ss.Replicas, rs)
+		}
+		for i := range ss.Replicas {
+			if ss.Replicas[i].Reported {
+				ss.Replicas[i].Lag = most - ss.Replicas[i].Applied
+			}
+		}
+		if c, ok := n.localCounts(shard); ok {
+			ss.Counted = true
+			ss.Sessions, ss.Keys, ss.Holders, ss.Waiters = c.Sessions, c.Keys, c.Holders, c.Waiters
+		}
+		st.Shards = append(st.Shards, ss)
+	}
+	return st, ctx.Err()
+}
+
+// askApplied asks every live peer of layout p, this one included, how far
+// its lock replicas have applied: peer -> shard -> index.
+func (n *Node) askApplied(ctx context.Context, p *layout.Placement) map[string]map[uint64]uint64 {
+	out := map[string]map[uint64]uint64{n.cfg.Name: n.appliedIndexes()}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, pe := range p.Peers {
+		if pe.Name == n.cfg.Name {
+			continue
+		}
+		if _, ok := n.rpcAddr(pe.Name); !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, statusPeerTimeout)
+			defer cancel()
+			ps, err := n.membership.Status(cctx, pe.Name)
+			if err != nil || ps.Applied == nil {
+				return
+			}
+			mu.Lock()
+			out[pe.Name] = ps.Applied
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// localShard is a lock shard this peer runs a replica of.
+type localShard struct {
+	shard                uint64
+	leaderKnown, leading bool
+}
+
+// localShards lists the lock shards this peer runs replicas of.
+func (n *Node) localShards() []localShard {
+	if n.replicas == nil {
+		return nil
+	}
+	var out []localShard
+	for shard, id := range n.replicas.Running() {
+		if shard == metaShardID {
+			continue
+		}
+		lid, ok := n.replicas.Leader(shard)
+		out = append(out, localShard{shard: shard, leaderKnown: ok, leading: ok && lid == id})
+	}
+	slices.SortFunc(out, func(a, b localShard) int { return cmp.Compare(a.shard, b.shard) })
+	return out
+}
+
+// localCounts reads the counts of shard's state from this peer's replica
+// as it is (not linearizable); ok is false when it runs none. It costs a
+// pass over the shard's keys.
+func (n *Node) localCounts(shard uint64) (lockfsm.Stats, bool) {
+	if shard == metaShardID || !n.hostsShard(shard) {
+		return lockfsm.Stats{}, false
+	}
+	v, err := n.nh.StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any { return s.Stats() }))
+	if err != nil {
+		return lockfsm.Stats{}, false
+	}
+	st, ok := v.(lockfsm.Stats)
+	return st, ok
+}
+
+// appliedIndexes returns the last applied index of each lock replica this
+// peer runs.
+func (n *Node) appliedIndexes() map[uint64]uint64 {
+	out := map[uint64]uint64{}
+	for _, sh := range n.localShards() {
+		v, err := n.nh.StaleRead(sh.shard, replica.StateReader(func(s *lockfsm.State) any { return s.Index() }))
+		if err != nil {
+			continue
+		}
+		if i, ok := v.(uint64); ok {
+			out[sh.shard] = i
+		}
+	}
+	return out
+}
+
+// MaxTop is the most keys and holds Top returns of each kind.
+const MaxTop = replica.MaxTop
+
+// Top returns the k most contended keys and the k longest current holds
+// across the cluster (k from 1 to MaxTop), each shard's as its leader's
+// replica observed them: see ContendedKey and LongHold, and
+// docs/OBSERVABILITY.md for what is exact and what approximate. Each
+// shard is read through its leader (a ReadIndex round) and answers from
+// one pass over its keys, so Top is for operators, not for a loop. A
+// shard that does not answer within ctx is listed in Missing. Top needs
+// feature level 3 (ErrIncompatible below it).
+func (n *Node) Top(ctx context.Context, k int) (Top, error) {
+	if k < 1 || k > MaxTop {
+		return Top{}, fmt.Errorf("%w: Top of %d; ask for 1 to %d", ErrInvalidArgument, k, MaxTop)
+	}
+	if n.isClosed() {
+		return Top{}, ErrClosed
+	}
+	p, err := n.waitReady(ctx)
+	if err != nil {
+		return Top{}, err
+	}
+	if err := n.familyLevel("contention summaries"); err != nil {
+		return Top{}, err
+	}
+	var top Top
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, shard := range p.ShardIDs() {
+		if shard == metaShardID {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, err := n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryTop, K: k})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil || a.Top == nil {
+				top.Missing = append(top.Missing, shard)
+				return
+			}
+			since := time.UnixMilli(a.Top.SinceMillis)
+			for _, tk := range a.Top.Keys {
+				top.Contended = append(top.Contended, ContendedKey{Key: tk.Key, Shard: shard, Waiters: tk.Waiters,
+					OldestWait: micros(tk.OldestWait.Micros), Handoffs: tk.Handoffs, TotalWait: micros(tk.WaitMicros),
+					Overcount: micros(tk.OvercountMicros), Since: since})
+			}
+			for _, h := range a.Top.Holds {
+				top.LongestHolds = append(top.LongestHolds, LongHold{Key: h.Key, Shard: shard, Peer: h.Holder.Owner,
+					Session: h.Holder.Label, Token: h.Holder.Token, HeldFor: micros(h.Age.Micros), AtLeast: h.Age.AtLeast || !h.Age.Known})
+			}
+		}()
+	}
+	wg.Wait()
+	score := func(c ContendedKey) time.Duration { return c.TotalWait + c.OldestWait }
+	slices.SortFunc(top.Contended, func(a, b ContendedKey) int {
+		return cmp.Or(cmp.Compare(score(b), score(a)), cmp.Compare(b.Waiters, a.Waiters), cmp.Compare(a.Key, b.Key))
+	})
+	slices.SortFunc(top.LongestHolds, func(a, b LongHold) int {
+		return cmp.Or(cmp.Compare(b.HeldFor, a.HeldFor), cmp.Compare(a.Key, b.Key))
+	})
+	slices.Sort(top.Missing)
+	top.Contended = top.Contended[:min(k, len(top.Contended))]
+	top.LongestHolds = top.LongestHolds[:min(k, len(top.LongestHolds))]
+	if len(top.Missing) > 0 && ctx.Err() != nil {
+		return top, ctx.Err()
+	}
+	return top, nil
+}
+
+func micros(us uint64) time.Duration { return time.Duration(us) * time.Microsecond }

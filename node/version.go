@@ -21,7 +21,10 @@ import (
 //	         hash tags (layout.KeySchemeHashTag).
 //	level 3: sessions carry their Session's label (Session.ID, in
 //	         OpenSession's tag 12 and lock snapshot format 3), and meta
-//	         snapshots start with a version byte (format 2).
+//	         snapshots start with a version byte (format 2); the lock
+//	         family's commands; forwarded proposals carry trace contexts,
+//	         reads ask for ages (replica.Query.Ages) and contention
+//	         summaries (QueryTop), and PeerStatus carries applied indexes.
 //
 // A level's formats may still change until the release that introduces it
 // is cut (internal/release): level 3 is this release's, 0.2.0.
@@ -31,6 +34,9 @@ const (
 
 	// labelLevel is the first level whose sessions carry labels.
 	labelLevel uint8 = 3
+	// traceLevel is the first level whose forwarded proposals carry trace
+	// contexts and whose reads may ask for ages and contention summaries.
+	traceLevel uint8 = 3
 )
 
 // FeatureLevels returns the oldest and newest feature levels this release

@@ -144,6 +144,9 @@ func (h *Held) Leave() (last bool) {
 	return h.holds == 0
 }
 
+// Shard returns the shard of the locked key.
+func (h *Held) Shard() uint64 { return h.s.shard }
+
 // Key returns the locked key.
 func (h *Held) Key() string { return h.key }
 

@@ -73,7 +73,15 @@ type PeerStatus struct {
 	// Level is the newest feature level the peer speaks; 0 from releases
 	// before levels, which speak only level 1.
 	Level uint8 `msgpack:"v,omitempty"`
+	// Applied is, per lock shard, the index of the last entry the peer's
+	// replica applied (for the status page's lag); written from feature
+	// level 3, which every peer then reads.
+	Applied map[uint64]uint64 `msgpack:"a,omitempty"`
 }
+
+// appliedLevel is the first feature level whose PeerStatus carries
+// Applied.
+const appliedLevel = 3
 
 // MembershipChange adds (Add) or removes replica Replica of Shard; an
 // added replica runs on the NodeHost NodeHostID. It is also the request

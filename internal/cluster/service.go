@@ -112,6 +112,9 @@ type ServiceConfig struct {
 	// hostile-peer tests must catch. Never set outside them.
 	UnsafeNoAuthz bool
 	Logger        *slog.Logger // nil discards
+	// Applied returns the last applied index of each lock replica this
+	// peer runs (PeerStatus.Applied); nil answers none.
+	Applied func() map[uint64]uint64
 
 	// Bootstrap: with BootstrapExpect founders (0: only join), lay out
 	// Shards lock shards with ReplicationFactor replicas each; try every
@@ -252,6 +255,9 @@ func (s *Service) Serve(ctx context.Context, method uint8, body []byte) ([]byte,
 					st.Leading = append(st.Leading, shard)
 				}
 			}
+		}
+		if s.cfg.Applied != nil && layout.LevelOf(s.placement.Load()) >= appliedLevel {
+			st.Applied = s.cfg.Applied()
 		}
 		return encode(st)
 	case ms.ConfigChange:

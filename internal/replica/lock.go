@@ -255,13 +255,13 @@ type Answer struct {
 // Age is how long ago a grant or wait began, as the answering replica
 // saw it (contention.Age).
 type Age struct {
-	Millis  uint64 `msgpack:"m"`
+	Micros  uint64 `msgpack:"u"`
 	AtLeast bool   `msgpack:"l,omitempty"`
 	Known   bool   `msgpack:"k,omitempty"`
 }
 
 func ageOf(a contention.Age) Age {
-	return Age{Millis: uint64(a.Dur / time.Millisecond), AtLeast: a.AtLeast, Known: a.Known}
+	return Age{Micros: uint64(a.Dur / time.Microsecond), AtLeast: a.AtLeast, Known: a.Known}
 }
 
 // Top is a shard's most contended keys and longest holds (QueryTop).
@@ -280,8 +280,8 @@ type TopKey struct {
 	Waiters         int    `msgpack:"w"`
 	OldestWait      Age    `msgpack:"o"`
 	Handoffs        uint64 `msgpack:"h"`
-	WaitMillis      uint64 `msgpack:"t"`
-	OvercountMillis uint64 `msgpack:"c"`
+	WaitMicros      uint64 `msgpack:"t"`
+	OvercountMicros uint64 `msgpack:"c"`
 }
 
 // TopHold is a hold granted long ago.
@@ -356,12 +356,12 @@ func (s *Lock) top(k int) *Top {
 	}
 	for _, ks := range s.seen.Keys() {
 		tk := add(ks.Key)
-		tk.Handoffs, tk.WaitMillis, tk.OvercountMillis = ks.Handoffs, uint64(ks.Wait/time.Millisecond), uint64(ks.Overcount/time.Millisecond)
+		tk.Handoffs, tk.WaitMicros, tk.OvercountMicros = ks.Handoffs, uint64(ks.Wait/time.Microsecond), uint64(ks.Overcount/time.Microsecond)
 	}
 	for _, tk := range byKey {
 		t.Keys = append(t.Keys, *tk)
 	}
-	score := func(tk TopKey) uint64 { return tk.WaitMillis + tk.OldestWait.Millis }
+	score := func(tk TopKey) uint64 { return tk.WaitMicros + tk.OldestWait.Micros }
 	slices.SortFunc(t.Keys, func(a, b TopKey) int {
 		return cmp.Or(cmp.Compare(score(b), score(a)), cmp.Compare(b.Waiters, a.Waiters), cmp.Compare(a.Key, b.Key))
 	})

@@ -71,8 +71,8 @@ func TestLockDatesHoldsAndWaits(t *testing.T) {
 	c.now = c.now.Add(time.Second)
 
 	a := c.lookup(Query{Kind: QueryKey, Key: "k", Ages: true})
-	wantH := []Age{{Millis: 3000, Known: true}}
-	wantW := []Age{{Millis: 2000, Known: true}, {Millis: 1000, Known: true}}
+	wantH := []Age{{Micros: 3000000, Known: true}}
+	wantW := []Age{{Micros: 2000000, Known: true}, {Micros: 1000000, Known: true}}
 	if !equalAges(a.HolderAges, wantH) || !equalAges(a.WaiterAges, wantW) {
 		t.Fatalf("ages: holders %+v waiters %+v; want %+v %+v", a.HolderAges, a.WaiterAges, wantH, wantW)
 	}
@@ -86,11 +86,11 @@ func TestLockDatesHoldsAndWaits(t *testing.T) {
 	if top == nil || len(top.Keys) != 1 || len(top.Holds) != 1 {
 		t.Fatalf("top: %+v", top)
 	}
-	want := TopKey{Key: "k", Waiters: 1, OldestWait: Age{Millis: 1500, Known: true}, Handoffs: 1, WaitMillis: 2000}
+	want := TopKey{Key: "k", Waiters: 1, OldestWait: Age{Micros: 1500000, Known: true}, Handoffs: 1, WaitMicros: 2000000}
 	if top.Keys[0] != want {
 		t.Fatalf("top key %+v, want %+v", top.Keys[0], want)
 	}
-	if h := top.Holds[0]; h.Key != "k" || h.Holder.Session != 2 || h.Age != (Age{Millis: 500, Known: true}) {
+	if h := top.Holds[0]; h.Key != "k" || h.Holder.Session != 2 || h.Age != (Age{Micros: 500000, Known: true}) {
 		t.Fatalf("top hold %+v", h)
 	}
 }
@@ -104,10 +104,10 @@ func TestLockDatesReplayedAndLoadedStateAtLeast(t *testing.T) {
 	c.now = c.now.Add(time.Second)
 	c.apply(lockfsm.Command{Op: lockfsm.OpAcquire, Session: 1, Req: 2, Key: "new"}) // index 3: live
 	c.now = c.now.Add(time.Second)
-	if a := c.lookup(Query{Kind: QueryKey, Key: "old", Ages: true}); !equalAges(a.HolderAges, []Age{{Millis: 2000, AtLeast: true, Known: true}}) {
+	if a := c.lookup(Query{Kind: QueryKey, Key: "old", Ages: true}); !equalAges(a.HolderAges, []Age{{Micros: 2000000, AtLeast: true, Known: true}}) {
 		t.Fatalf("replayed hold: %+v", a.HolderAges)
 	}
-	if a := c.lookup(Query{Kind: QueryKey, Key: "new", Ages: true}); !equalAges(a.HolderAges, []Age{{Millis: 1000, Known: true}}) {
+	if a := c.lookup(Query{Kind: QueryKey, Key: "new", Ages: true}); !equalAges(a.HolderAges, []Age{{Micros: 1000000, Known: true}}) {
 		t.Fatalf("live hold: %+v", a.HolderAges)
 	}
 
@@ -118,7 +118,7 @@ func TestLockDatesReplayedAndLoadedStateAtLeast(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.now = d.now.Add(time.Second)
-	if a := d.lookup(Query{Kind: QueryKey, Key: "new", Ages: true}); !equalAges(a.HolderAges, []Age{{Millis: 1000, AtLeast: true, Known: true}}) {
+	if a := d.lookup(Query{Kind: QueryKey, Key: "new", Ages: true}); !equalAges(a.HolderAges, []Age{{Micros: 1000000, AtLeast: true, Known: true}}) {
 		t.Fatalf("hold loaded from a snapshot: %+v", a.HolderAges)
 	}
 }
