@@ -12,9 +12,10 @@ import (
 	"time"
 )
 
-// TestSmokeLockmesh runs the harness end to end on lockmesh for about a
-// second per run, so that it cannot rot: every run must make progress and
-// the checker must see no violation.
+// TestSmokeLockmesh runs the harness end to end on lockmesh, plain and
+// with every metric and trace recorded, for about a second per run, so
+// that it cannot rot: every run must make progress and the checker must
+// see no violation.
 func TestSmokeLockmesh(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-peer cluster on disk")
@@ -23,7 +24,7 @@ func TestSmokeLockmesh(t *testing.T) {
 	defer cancel()
 	var progress bytes.Buffer
 	results, err := Run(ctx, Options{
-		Systems:     []string{"lockmesh"},
+		Systems:     []string{"lockmesh", "lockmesh-traced"},
 		Workloads:   []string{"uncontended", "contended"},
 		Concurrency: []int{1, 4},
 		Duration:    time.Second,
@@ -33,8 +34,8 @@ func TestSmokeLockmesh(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v\n%s", err, progress.String())
 	}
-	if len(results) != 4 {
-		t.Fatalf("got %d results, want 4", len(results))
+	if len(results) != 8 {
+		t.Fatalf("got %d results, want 8", len(results))
 	}
 	for _, r := range results {
 		if r.Ops == 0 || r.Violations != 0 || r.Errors != 0 || r.Fencing != "checked" {

@@ -19,6 +19,14 @@ func init() {
 	Register("lockmesh-release", func(env Env) (System, error) {
 		return &lockmeshSystem{dir: env.Dir, shards: env.Shards, release: true}, nil
 	})
+	// The cost of observing: the same cluster with OpenTelemetry's SDK
+	// recording every metric, and with every call traced as well.
+	Register("lockmesh-metrics", func(env Env) (System, error) {
+		return &lockmeshSystem{dir: env.Dir, shards: env.Shards, observe: observeMetrics}, nil
+	})
+	Register("lockmesh-traced", func(env Env) (System, error) {
+		return &lockmeshSystem{dir: env.Dir, shards: env.Shards, observe: observeTraces}, nil
+	})
 }
 
 // lockmeshSystem is 3 lockmesh peers in the bench process, talking over
@@ -29,12 +37,19 @@ type lockmeshSystem struct {
 	dir     string
 	shards  int // 0: node's default
 	release bool
+	observe observeMode
+	obs     *observers
 	peers   []*node.Node
 }
 
 func (s *lockmeshSystem) Name() string {
-	if s.release {
+	switch {
+	case s.release:
 		return "lockmesh-release"
+	case s.observe == observeMetrics:
+		return "lockmesh-metrics"
+	case s.observe == observeTraces:
+		return "lockmesh-traced"
 	}
 	return "lockmesh"
 }
@@ -52,7 +67,11 @@ func (s *lockmeshSystem) RaftCounts() (entries, commands uint64) {
 }
 
 func (s *lockmeshSystem) Start(ctx context.Context) error {
-	peers, err := StartLockmesh(ctx, s.dir, 3, func(c *node.Config) { c.Shards = s.shards })
+	s.obs = newObservers(s.observe)
+	peers, err := StartLockmesh(ctx, s.dir, 3, func(c *node.Config) {
+		c.Shards = s.shards
+		s.obs.tune(c)
+	})
 	s.peers = peers
 	return err
 }
@@ -68,6 +87,7 @@ func (s *lockmeshSystem) Settle(ctx context.Context) error {
 func (s *lockmeshSystem) Stop() error {
 	closePeers(s.peers)
 	s.peers = nil
+	s.obs.stop()
 	return nil
 }
 
