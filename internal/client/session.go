@@ -113,6 +113,12 @@ func (o *Owner) Session(ctx context.Context, shard uint64) (*Session, error) {
 			close(sl.done)
 			ended := o.err
 			o.mu.Unlock()
+			if sl.err == nil {
+				// Now that live lists it: a kick sent before would let
+				// the loop size its next round without this session's
+				// TTL, and a TTL shorter than the round could run out.
+				o.c.kickKeepAlives()
+			}
 			if ended != nil && sl.s != nil {
 				sl.s.loseLocally(ended)
 				o.closeInBackground(ended, []*Session{sl.s})
@@ -262,7 +268,6 @@ func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session
 	s.armLocked()
 	s.mu.Unlock()
 	c.cfg.Log.Debug("session opened", "shard", shard, "session", s.id)
-	c.kickKeepAlives()
 	return s, nil
 }
 
