@@ -11,6 +11,7 @@
 // once it is ready (with -lock-on-usr1, once it also got SIGUSR1) and
 // reports on stdout, one line each:
 //
+//	http NAME addr=ADDR            (with -http, once it listens; before ready)
 //	ready NAME gossip=ADDR
 //	acquired KEY token=N at=UNIXNANO
 //	held KEY token=N at=UNIXNANO   (every -report-held interval while Done is open)
@@ -48,6 +49,22 @@
 //	shard ID hosts=NAME,... leader=NAME meta      (the meta shard, which holds the layout)
 //	key KEY shard=ID                              (with -lock: the shard of KEY)
 //
+// -http ADDR serves, on ADDR (port 0 picks a free one; the http line
+// names the address it got):
+//
+//	/metrics           lockmesh's OpenTelemetry metrics (node.Config.MeterProvider)
+//	                   through the OpenTelemetry Prometheus exporter, followed by
+//	                   dragonboat's Raft metrics (node.WriteRaftMetrics), as one
+//	                   Prometheus text exposition
+//	/debug/lockmesh/   the status page and its JSON (Node.Handler); / redirects here
+//
+// docs/OBSERVABILITY-prometheus.md has a Prometheus scrape config and the
+// Grafana dashboard for it. The status page shows key names, peer
+// addresses, sessions and fencing tokens, and neither endpoint asks who
+// is calling: keep ADDR on loopback or on an operators' network, never
+// public. Like the peer's other addresses, an ADDR other than loopback
+// needs -insecure.
+//
 // -version prints the release and the feature levels it speaks, and exits:
 //
 //	lockmesh VERSION levels=MIN-MAX
@@ -67,6 +84,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"slices"
@@ -75,6 +93,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	lmconfig "github.com/lockmesh/lockmesh/internal/config"
 	"github.com/lockmesh/lockmesh/internal/procs"
 	"github.com/lockmesh/lockmesh/internal/release"
 	"github.com/lockmesh/lockmesh/node"
@@ -108,6 +129,10 @@ type config struct {
 	// printPlacement is the number of live peers to wait for before
 	// printing the settled layout; 0 prints nothing.
 	printPlacement int
+
+	// httpAddr is where to serve /metrics and the status page; empty
+	// serves nothing.
+	httpAddr string
 }
 
 func main() {
@@ -149,6 +174,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 		signal.Notify(usr1, syscall.SIGUSR1)
 		defer signal.Stop(usr1)
 	}
+	// The listener is opened before the node starts, so that a taken
+	// -http port fails the peer before it joins or forms a cluster.
+	var (
+		httpLn net.Listener
+		reg    *prometheus.Registry
+	)
+	if cfg.httpAddr != "" {
+		mp, r, err := newMeterProvider()
+		if err != nil {
+			fmt.Fprintf(stderr, "peer: %v\n", err)
+			return 1
+		}
+		// Deferred before the node's Close, so it runs after it: the
+		// node records into it until then.
+		defer mp.Shutdown(context.Background())
+		reg = r
+		cfg.node.MeterProvider = mp
+		cfg.node.RaftMetrics = true
+		if httpLn, err = net.Listen("tcp", cfg.httpAddr); err != nil {
+			fmt.Fprintf(stderr, "peer: -http: %v\n", err)
+			return 1
+		}
+		defer httpLn.Close() // when the node fails to start; Serve closes it otherwise
+	}
 	n, err := node.Start(ctx, cfg.node)
 	if err != nil && ctx.Err() != nil {
 		return 0 // signalled while joining
@@ -158,6 +207,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer n.Close()
+	// Stopped before the node is closed, on every return: a status
+	// request must not ask a closing node.
+	var web *httpServer
+	if httpLn != nil {
+		web = serveHTTP(httpLn, newHTTPMux(n, reg))
+		defer web.stop()
+		fmt.Fprintf(stdout, "http %s addr=%s\n", n.Name(), httpLn.Addr())
+	}
 
 	select {
 	case <-n.Ready():
@@ -207,6 +264,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	<-ctx.Done()
 	stop() // a second signal kills the process if Close hangs
 	<-reporting
+	if err := web.stop(); err != nil {
+		fmt.Fprintf(stderr, "peer: %v\n", err)
+	}
 	if err := n.Close(); err != nil {
 		fmt.Fprintf(stderr, "peer: close: %v\n", err)
 		return 1
@@ -499,6 +559,7 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.BoolVar(&cfg.version, "version", false, "print the release and the feature levels it speaks, and exit")
 	fs.BoolVar(&cfg.reportServing, "report-serving", false, "once ready, wait until every lock shard serves through this peer (Node.WaitServing) and print a serving line")
 	fs.StringVar(&cfg.reportLeader, "report-leader", "", "print a leader line whenever this peer's view of the leader of `key`'s shard changes")
+	fs.StringVar(&cfg.httpAddr, "http", "", "serve /metrics (Prometheus) and the status page (/debug/lockmesh/) on `host:port`; empty serves none. The page shows key names: never expose it publicly")
 	fs.StringVar(&cfg.probeFamily, "probe-family", "", "try a read lock of `key` every 100ms and print a family line whenever the outcome changes (the lock family needs feature level 3)")
 
 	finish = func() error {
@@ -534,6 +595,16 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 			return fmt.Errorf("-lock key is %d bytes; at most %d", len(cfg.lock), node.MaxKeyLen)
 		case len(cfg.reportLeader) > node.MaxKeyLen:
 			return fmt.Errorf("-report-leader key is %d bytes; at most %d", len(cfg.reportLeader), node.MaxKeyLen)
+		}
+		if cfg.httpAddr != "" {
+			if _, _, err := net.SplitHostPort(cfg.httpAddr); err != nil {
+				return fmt.Errorf("-http %q: want host:port, as 127.0.0.1:9100: %v", cfg.httpAddr, err)
+			}
+			// The status page shows key names and sessions to anyone
+			// who reaches it: the same rule as the peer's own ports.
+			if !nc.Insecure && !lmconfig.IsLoopback(cfg.httpAddr) {
+				return fmt.Errorf("-http %s is not loopback: the status page shows key names to anyone who reaches it; use a loopback address, or set -insecure on a trusted network", cfg.httpAddr)
+			}
 		}
 		return nc.Validate()
 	}

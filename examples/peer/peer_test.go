@@ -79,6 +79,9 @@ func TestParseFlags(t *testing.T) {
 		{with("-expect", "3", "-raft", "127.0.0.1:0"), "fixed port"},
 		{with("-expect", "3", "-rpc", "nonsense"), "RPCAddr"},
 		{with("-expect", "3", "-rpc", "10.0.0.5:7003"), "RPCAddr 10.0.0.5:7003 is not loopback"},
+		{with("-expect", "3", "-http", "9100"), "-http \"9100\": want host:port"},
+		{with("-expect", "3", "-http", "10.0.0.5:9100"), "-http 10.0.0.5:9100 is not loopback"},
+		{with("-expect", "3", "-http", ":9100"), "-http :9100 is not loopback"},
 	} {
 		_, err := parseFlags(tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -87,6 +90,12 @@ func TestParseFlags(t *testing.T) {
 	}
 	if cfg, err := parseFlags(with("-expect", "3", "-gossip", "0.0.0.0:7001", "-insecure")); err != nil || !cfg.node.Insecure {
 		t.Errorf("-insecure on 0.0.0.0: Insecure %v, err %v; want it set and no error", cfg.node.Insecure, err)
+	}
+	if cfg, err := parseFlags(with("-expect", "3", "-http", "127.0.0.1:0")); err != nil || cfg.httpAddr != "127.0.0.1:0" {
+		t.Errorf("-http 127.0.0.1:0: httpAddr %q, err %v; want it set and no error", cfg.httpAddr, err)
+	}
+	if cfg, err := parseFlags(with("-expect", "3", "-http", "0.0.0.0:9100", "-insecure")); err != nil || cfg.httpAddr != "0.0.0.0:9100" {
+		t.Errorf("-http 0.0.0.0:9100 -insecure: httpAddr %q, err %v; want it set and no error", cfg.httpAddr, err)
 	}
 	if _, err := parseFlags([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)
