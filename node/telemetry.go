@@ -114,7 +114,11 @@ func newTelemetry(n *Node) (*telemetry, error) {
 	t.leaderChanges = counter("lockmesh.shard.leader.changes", "{change}", "Leader changes this peer's replicas saw, by shard.")
 
 	gauge := func(name, unit, desc string) metric.Int64ObservableGauge {
-		g, err := m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		opts := []metric.Int64ObservableGaugeOption{metric.WithDescription(desc)}
+		if unit != "" {
+			opts = append(opts, metric.WithUnit(unit))
+		}
+		g, err := m.Int64ObservableGauge(name, opts...)
 		errs = append(errs, err)
 		return g
 	}
@@ -129,7 +133,8 @@ func newTelemetry(n *Node) (*telemetry, error) {
 	keys := gauge("lockmesh.shard.keys", "{key}", "Keys held or waited for, per shard this peer leads.")
 	holders := gauge("lockmesh.shard.holders", "{holder}", "Holders, per shard this peer leads.")
 	waiters := gauge("lockmesh.shard.waiters", "{waiter}", "Waiters, per shard this peer leads.")
-	leader := gauge("lockmesh.shard.has_leader", "1", "1 when the shard of a replica on this peer knows its leader, 0 while it has none.")
+	// No unit: the Prometheus exporter would name a unit of "1" a ratio.
+	leader := gauge("lockmesh.shard.has_leader", "", "1 when the shard of a replica on this peer knows its leader, 0 while it has none.")
 	members := gauge("lockmesh.gossip.members", "{peer}", "Peers by state: alive, or failed (in the layout, not seen alive by gossip).")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

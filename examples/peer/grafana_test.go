@@ -41,7 +41,7 @@ var exportedNames = func() map[string]bool {
 	} {
 		names[prom(g)] = true
 	}
-	names[prom("lockmesh.shard.has_leader")+"_ratio"] = true // unit 1
+	names[prom("lockmesh.shard.has_leader")] = true // no unit
 	return names
 }()
 
@@ -202,9 +202,9 @@ func TestCheckExpr(t *testing.T) {
 	}{
 		{`sum by (result) (rate(lockmesh_acquire_duration_seconds_count{job=~"$job"}[$__rate_interval]))`, ""},
 		{`histogram_quantile(0.99, sum by (primitive, le) (rate(lockmesh_hold_duration_seconds_bucket[5m])))`, ""},
-		{`count(max by (shard) (lockmesh_shard_has_leader_ratio) == 0) or vector(0)`, ""},
+		{`count(max by (shard) (lockmesh_shard_has_leader) == 0) or vector(0)`, ""},
 		{`rate(lockmesh_acquire_duration_count[5m])`, "lockmesh_acquire_duration_count is not"},
-		{`max by (shard) (lockmesh_shard_has_leader)`, "lockmesh_shard_has_leader is not"},
+		{`max by (shard) (lockmesh_shard_has_leader_ratio)`, "lockmesh_shard_has_leader_ratio is not"},
 		{`rate(lockmesh_lease_lost[5m])`, "lockmesh_lease_lost is not"},
 		{`rate(lockmsh_acquire_duration_seconds_count[5m])`, "reads no lockmesh_"},
 		{`sum by (key) (lockmesh_shard_waiters)`, "groups by label key"},

@@ -58,7 +58,7 @@
 //	                   Prometheus text exposition
 //	/debug/lockmesh/   the status page and its JSON (Node.Handler); / redirects here
 //
-// docs/OBSERVABILITY-prometheus.md has a Prometheus scrape config and the
+// docs/OBSERVABILITY.md has a Prometheus scrape config and the
 // Grafana dashboard for it. The status page shows key names, peer
 // addresses, sessions and fencing tokens, and neither endpoint asks who
 // is calling: keep ADDR on loopback or on an operators' network, never

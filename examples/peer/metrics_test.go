@@ -113,10 +113,10 @@ func TestMetrics(t *testing.T) {
 		histCount(before.fams, "lockmesh_hold_duration_seconds", mutex); d != rounds {
 		t.Errorf("m1's lockmesh_hold_duration_seconds_count rose by %v during the load, want %d (its Unlock calls)", d, rounds)
 	}
-	if !slices.ContainsFunc(series(after.fams, "lockmesh_shard_has_leader_ratio"), func(m *dto.Metric) bool {
+	if !slices.ContainsFunc(series(after.fams, "lockmesh_shard_has_leader"), func(m *dto.Metric) bool {
 		return label(m, "shard") != "" && m.GetGauge().GetValue() == 1
 	}) {
-		t.Errorf("m1 reports no shard with lockmesh_shard_has_leader_ratio 1:\n%s", grep(after.body, "has_leader"))
+		t.Errorf("m1 reports no shard with lockmesh_shard_has_leader 1:\n%s", grep(after.body, "has_leader"))
 	}
 	if len(series(after.fams, "lockmesh_shard_leader_changes_total")) == 0 {
 		t.Errorf("m1 has no lockmesh_shard_leader_changes_total series, though its replicas saw their first leaders")
@@ -152,7 +152,7 @@ func TestMetrics(t *testing.T) {
 		"lockmesh_proposal_duration_seconds_bucket", "lockmesh_raft_log_sync_duration_seconds_count",
 		"lockmesh_shard_leader_changes_total", "lockmesh_raft_entries_total", "lockmesh_raft_commands_total",
 		"lockmesh_shard_waiters", "lockmesh_shard_holders", "lockmesh_shard_sessions", "lockmesh_gossip_members",
-		"lockmesh_shard_has_leader_ratio",
+		"lockmesh_shard_has_leader",
 	} {
 		if !scraped[n] {
 			t.Errorf("no peer exports %s", n)
