@@ -337,6 +337,9 @@ func (s *Session) TryLockAll(ctx context.Context, keys ...string) (*MultiLock, e
 }
 
 func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (*MultiLock, error) {
+	if !s.n.obs.enabled() {
+		return s.lockAllObserved(ctx, keys, wait)
+	}
 	ctx, call := s.n.obs.startAcquire(ctx, primitiveMulti, wait, keys...)
 	m, err := s.lockAllObserved(ctx, keys, wait)
 	var locks []*Lock

@@ -71,6 +71,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if last, err := l.give(); !last {
 		return err
 	}
+	if !l.obs.enabled() {
+		return l.h.Unlock(ctx)
+	}
 	ctx, span := l.obs.startRelease(ctx, "lockmesh.Unlock", l)
 	err := l.h.Unlock(ctx)
 	l.obs.endRelease(ctx, span, l, err)
@@ -115,6 +118,9 @@ func (l *Lock) Permits() int { return int(max(l.h.Spec().Permits, 1)) }
 func (l *Lock) Release() error {
 	if last, err := l.give(); !last {
 		return err
+	}
+	if !l.obs.enabled() {
+		return l.h.Release()
 	}
 	ctx, span := l.obs.startRelease(context.Background(), "lockmesh.Release", l)
 	err := l.h.Release()

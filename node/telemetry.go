@@ -62,6 +62,7 @@ var latencyBuckets = []float64{0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01
 // gives providers.
 type telemetry struct {
 	on     bool // a MeterProvider was given: time holds
+	traced bool // a TracerProvider was given
 	tracer trace.Tracer
 
 	acquire, wait, hold, keepAlive, propose, logSync metric.Float64Histogram
@@ -81,7 +82,7 @@ func sinceEpoch() int64 { return int64(time.Since(epoch)) }
 // newTelemetry makes n's instruments from its Config's providers.
 func newTelemetry(n *Node) (*telemetry, error) {
 	mp, tp := n.cfg.MeterProvider, n.cfg.TracerProvider
-	t := &telemetry{on: mp != nil}
+	t := &telemetry{on: mp != nil, traced: tp != nil}
 	if mp == nil {
 		mp = metricnoop.NewMeterProvider()
 	}
@@ -249,6 +250,10 @@ type acquireCall struct {
 
 type acquireCallKey struct{}
 
+// enabled reports whether any provider was given: without one, calls
+// skip their spans and timings altogether.
+func (t *telemetry) enabled() bool { return t.on || t.traced }
+
 // startAcquire starts observing an acquire of key(s) as primitive. The
 // returned context carries the span and the call.
 func (t *telemetry) startAcquire(ctx context.Context, p primitive, wait bool, keys ...string) (context.Context, *acquireCall) {
@@ -311,6 +316,9 @@ func (c *acquireCall) end(ctx context.Context, locks []*Lock, err error) {
 
 // observeAcquire runs an acquire of key(s) as primitive, observed.
 func (n *Node) observeAcquire(ctx context.Context, p primitive, wait bool, key string, f func(context.Context) (*Lock, error)) (*Lock, error) {
+	if !n.obs.enabled() {
+		return f(ctx)
+	}
 	ctx, call := n.obs.startAcquire(ctx, p, wait, key)
 	l, err := f(ctx)
 	var locks []*Lock
