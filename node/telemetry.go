@@ -294,6 +294,7 @@ func (c *acquireCall) end(ctx context.Context, locks []*Lock, err error) {
 		c.t.wait.Record(ctx, now.Sub(queued).Seconds(), metric.WithAttributes(attribute.String("primitive", c.primitive.String())))
 	}
 	if err != nil {
+		leaseLostEvent(c.span, err)
 		c.span.RecordError(err)
 		c.span.SetStatus(codes.Error, result)
 	} else {
@@ -343,10 +344,20 @@ func (t *telemetry) endRelease(ctx context.Context, span trace.Span, l *Lock, er
 		t.hold.Record(ctx, held.Seconds(), metric.WithAttributes(attribute.String("primitive", l.primitive.String())))
 	}
 	if err != nil {
+		leaseLostEvent(span, err)
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
+}
+
+// leaseLostEvent marks span with a "lease lost" event when err says the
+// call's session was lost (a wait that lost it, or a lock lost before
+// its release).
+func leaseLostEvent(span trace.Span, err error) {
+	if errors.Is(err, ErrLeaseExpired) {
+		span.AddEvent("lease lost", trace.WithAttributes(attribute.String("lockmesh.reason", client.LossReason(err))))
+	}
 }
 
 // onLost is the client's OnLost: a session of this peer was lost.

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -179,6 +180,26 @@ func TestObservability(t *testing.T) {
 		}
 	}
 
+	// A lock whose session is lost: its Unlock's span says so, and the
+	// loss is counted by reason.
+	sess, err := n1.NewSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, err := sess.Lock(ctx, "observed/lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost.h.Session().Lose(fmt.Errorf("%w: lost by the test", ErrLeaseExpired))
+	if err := lost.Unlock(ctx); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("Unlock of a lost lock: %v", err)
+	}
+	if !slices.ContainsFunc(rec.Ended(), func(s sdktrace.ReadOnlySpan) bool {
+		return s.Name() == "lockmesh.Unlock" && slices.ContainsFunc(s.Events(), func(e sdktrace.Event) bool { return e.Name == "lease lost" })
+	}) {
+		t.Error("no Unlock span with a lease lost event")
+	}
+
 	// A forwarded Lock: a key whose shard another peer leads. Leadership
 	// may move while the cluster evens it out, so try keys until a Lock
 	// is served by another peer.
@@ -226,6 +247,9 @@ func TestObservability(t *testing.T) {
 			t.Errorf("%s has no values with %v", c.name, c.want)
 		}
 	}
+	if lostCount(m1["lockmesh.lease.lost"], "other") != 1 || lostCount(m1["lockmesh.lease.lost.locks"], "other") != 1 {
+		t.Errorf("lease losses: %+v, %+v; want 1 session and 1 lock lost for reason other", m1["lockmesh.lease.lost"].Data, m1["lockmesh.lease.lost.locks"].Data)
+	}
 	for _, name := range []string{"lockmesh.raft.entries", "lockmesh.shard.has_leader", "lockmesh.gossip.members", "lockmesh.shard.leader.changes"} {
 		if len(attributesOf(m1[name])) == 0 {
 			t.Errorf("no %s", name)
@@ -265,4 +289,19 @@ func spansOfLock(spans []sdktrace.ReadOnlySpan, key string) []sdktrace.ReadOnlyS
 		}
 	}
 	return nil
+}
+
+// lostCount is the value of counter m for reason.
+func lostCount(m metricdata.Metrics, reason string) int64 {
+	sum, ok := m.Data.(metricdata.Sum[int64])
+	if !ok {
+		return 0
+	}
+	var n int64
+	for _, dp := range sum.DataPoints {
+		if v, ok := dp.Attributes.Value("reason"); ok && v.AsString() == reason {
+			n += dp.Value
+		}
+	}
+	return n
 }
