@@ -129,6 +129,10 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 		n.shutdown(false)
 		return nil, err
 	}
+	if err := n.obs.register(n); err != nil {
+		n.shutdown(false)
+		return nil, fmt.Errorf("%w: metrics: %v", ErrInvalidConfig, err)
+	}
 	n.goFunc(func() { n.membership.RunBootstrap(n.ctx, n.ready) })
 	n.goFunc(n.keepAliveLoop)
 	n.goFunc(func() { n.leading.Run(n.ctx) })
@@ -315,6 +319,8 @@ func (n *Node) kill() {
 // shutdown stops everything; leave says goodbye on gossip first.
 func (n *Node) shutdown(leave bool) {
 	n.cancel()
+	// Collections stop reading the peer before its parts close.
+	n.obs.close()
 	if n.router != nil {
 		// Calls still waiting on a command return ErrClosed now.
 		n.router.Close()
@@ -335,7 +341,6 @@ func (n *Node) shutdown(leave bool) {
 	if n.replicas != nil {
 		n.replicas.Close()
 	}
-	n.obs.close()
 }
 
 // isClosed reports whether Close or kill has begun: calls made from then

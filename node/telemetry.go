@@ -67,7 +67,11 @@ type telemetry struct {
 
 	acquire, wait, hold, keepAlive, propose, logSync metric.Float64Histogram
 	leaseLost, locksLost, leaderChanges              metric.Int64Counter
-	registration                                     metric.Registration
+
+	meter        metric.Meter
+	observed     observedInstruments
+	mu           sync.Mutex
+	registration metric.Registration // set by register, ended by close
 
 	// startCommits is, per shard, the commit index the local replica's
 	// Raft state recorded when it started (cluster.HostConfig.OnRaftState).
@@ -140,7 +144,26 @@ func newTelemetry(n *Node) (*telemetry, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	reg, err := m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	t.meter = m
+	t.observed = observedInstruments{entries: entries, commands: commands, sessions: sessions, keys: keys,
+		holders: holders, waiters: waiters, leader: leader, members: members}
+	return t, nil
+}
+
+// observedInstruments are the instruments read at collection time.
+type observedInstruments struct {
+	entries, commands                                 metric.Int64ObservableCounter
+	sessions, keys, holders, waiters, leader, members metric.Int64ObservableGauge
+}
+
+// register starts answering collections of the observed instruments
+// from n, once Start has opened it: the callback reads the mesh and the
+// replicas, which exist only from then on. close stops it.
+func (t *telemetry) register(n *Node) error {
+	in := t.observed
+	entries, commands, sessions, keys, holders, waiters, leader, members := in.entries, in.commands,
+		in.sessions, in.keys, in.holders, in.waiters, in.leader, in.members
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		st := n.Stats()
 		o.ObserveInt64(entries, int64(st.RaftEntries))
 		o.ObserveInt64(commands, int64(st.Commands))
@@ -172,16 +195,22 @@ func newTelemetry(n *Node) (*telemetry, error) {
 		return nil
 	}, entries, commands, sessions, keys, holders, waiters, leader, members)
 	if err != nil {
-		return nil, err
+		return err
 	}
+	t.mu.Lock()
 	t.registration = reg
-	return t, nil
+	t.mu.Unlock()
+	return nil
 }
 
 // close unregisters the callback of the observed metrics.
 func (t *telemetry) close() {
-	if t.registration != nil {
-		_ = t.registration.Unregister()
+	t.mu.Lock()
+	reg := t.registration
+	t.registration = nil
+	t.mu.Unlock()
+	if reg != nil {
+		_ = reg.Unregister()
 	}
 }
 

@@ -305,3 +305,39 @@ func lostCount(m metricdata.Metrics, reason string) int64 {
 	}
 	return n
 }
+
+// Metrics may be collected at any time: while a peer starts, before it
+// has a mesh or replicas, and while it closes. Collections run in a loop
+// through a peer's whole life and must neither fail nor panic.
+func TestMetricsCollectedThroughStartAndClose(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	done := make(chan struct{})
+	collected := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-done:
+				collected <- n
+				return
+			default:
+			}
+			var rm metricdata.ResourceMetrics
+			if err := reader.Collect(context.Background(), &rm); err != nil {
+				t.Errorf("collect: %v", err)
+			}
+			n++
+		}
+	}()
+	peers := startClusterWith(t, clusterOpts{peers: 1}, func(_ int, c *Config) {
+		c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	})
+	if _, err := peers[0].node.Lock(context.Background(), "collected"); err != nil {
+		t.Fatal(err)
+	}
+	peers[0].stop()
+	close(done)
+	if n := <-collected; n < 2 {
+		t.Fatalf("only %d collections ran during the peer's life", n)
+	}
+}
