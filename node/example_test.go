@@ -2,10 +2,13 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"time"
 
@@ -152,6 +155,63 @@ func ExampleNode_Placement() {
 	// 2 false [example]
 	// 3 false [example]
 	// 1 true
+}
+
+// Keys with one hash tag share a shard; ShardOf says which.
+func ExampleNode_ShardOf() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	items, _ := n.ShardOf(ctx, "{order-42}/items")
+	invoice, _ := n.ShardOf(ctx, "{order-42}/invoice")
+	fmt.Println(items == invoice)
+	// Output: true
+}
+
+// Top lists the most contended keys and the longest current holds across
+// the cluster; the status page (Handler) shows them too.
+func ExampleNode_Top() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	l, _ := n.Lock(ctx, "reports/daily")
+	top, err := n.Top(ctx, 5)
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := top.LongestHolds[0]
+	fmt.Println(h.Key, h.Peer, h.Token == l.Token())
+	l.Unlock(ctx)
+	// Output: reports/daily example true
+}
+
+// Handler is the status page, mounted like net/http/pprof; its JSON is
+// Status, Top and Inspect.
+func ExampleNode_Handler() {
+	n, stop := startExamplePeer()
+	defer stop()
+
+	mux := http.NewServeMux()
+	mux.Handle("/debug/lockmesh/", http.StripPrefix("/debug/lockmesh", n.Handler()))
+	srv := httptest.NewServer(mux) // serve it on loopback or behind authentication: it shows key names
+	defer srv.Close()
+
+	resp, err := http.Get(srv.URL + "/debug/lockmesh/status.json")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var status struct {
+		Peer   string `json:"peer"`
+		Shards []any  `json:"shards"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&status); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(resp.StatusCode, status.Peer, len(status.Shards))
+	// Output: 200 example 2
 }
 
 // A Session owns the locks taken through it, on every shard, with a TTL of

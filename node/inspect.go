@@ -181,6 +181,24 @@ type ShardInfo struct {
 	Halted *HaltError
 }
 
+// ShardOf returns the shard that holds key (Placement lists its replicas
+// and leader). A key's shard never changes. It waits (bounded by ctx)
+// until the cluster is formed, and fails with ErrInvalidKey for a key
+// Lock would refuse.
+func (n *Node) ShardOf(ctx context.Context, key string) (uint64, error) {
+	if err := lockfsm.ValidateKey(key); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrInvalidKey, err)
+	}
+	if n.isClosed() {
+		return 0, ErrClosed
+	}
+	p, err := n.waitReady(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return p.ShardOf(key), nil
+}
+
 // Placement returns the cluster layout: every shard with the peers that
 // host it and its leader as far as this peer knows. It waits (bounded by
 // ctx) until the cluster is formed.
