@@ -27,6 +27,13 @@ func init() {
 	Register("lockmesh-traced", func(env Env) (System, error) {
 		return &lockmeshSystem{dir: env.Dir, shards: env.Shards, observe: observeTraces}, nil
 	})
+	// What forwarding costs: each mutex Lock is called on the peer that
+	// leads its key's shard, so no command is forwarded. Not a deployment
+	// (an application cannot pick its peer per key); the bound of what a
+	// cheaper forwarded path could give.
+	Register("lockmesh-leader", func(env Env) (System, error) {
+		return &lockmeshSystem{dir: env.Dir, shards: env.Shards, atLeader: true}, nil
+	})
 }
 
 // lockmeshSystem is 3 lockmesh peers in the bench process, talking over
@@ -37,7 +44,11 @@ type lockmeshSystem struct {
 	dir     string
 	shards  int // 0: node's default
 	release bool
-	observe observeMode
+	// atLeader calls each mutex Lock on the peer leading its key's shard,
+	// as leaders (read after Settle) says.
+	atLeader bool
+	leaders  map[uint64]*node.Node
+	observe  observeMode
 	obs     *observers
 	peers   []*node.Node
 }
@@ -50,6 +61,8 @@ func (s *lockmeshSystem) Name() string {
 		return "lockmesh-metrics"
 	case s.observe == observeTraces:
 		return "lockmesh-traced"
+	case s.atLeader:
+		return "lockmesh-leader"
 	}
 	return "lockmesh"
 }
@@ -81,7 +94,26 @@ func (s *lockmeshSystem) Settle(ctx context.Context) error {
 	if len(s.peers) == 0 {
 		return errors.New("lockmesh is not started")
 	}
-	return WaitSettled(ctx, s.peers[0], 2*time.Second)
+	if err := WaitSettled(ctx, s.peers[0], 2*time.Second); err != nil {
+		return err
+	}
+	if s.atLeader {
+		shards, err := s.peers[0].Placement(ctx)
+		if err != nil {
+			return err
+		}
+		byName := map[string]*node.Node{}
+		for _, p := range s.peers {
+			byName[p.Name()] = p
+		}
+		s.leaders = map[uint64]*node.Node{}
+		for _, sh := range shards {
+			if p, ok := byName[sh.Leader]; ok {
+				s.leaders[sh.Shard] = p
+			}
+		}
+	}
+	return nil
 }
 
 func (s *lockmeshSystem) Stop() error {
@@ -97,7 +129,11 @@ func (s *lockmeshSystem) NewWorker(id int) (Worker, error) {
 	if len(s.peers) == 0 {
 		return nil, errors.New("lockmesh is not started")
 	}
-	return &lockmeshWorker{n: s.peers[id%len(s.peers)], release: s.release}, nil
+	w := &lockmeshWorker{n: s.peers[id%len(s.peers)], release: s.release}
+	if s.atLeader {
+		w.leaders = s.leaders
+	}
+	return w, nil
 }
 
 // lockmeshWorker takes mutexes with Node.Lock, on the node's default
@@ -108,10 +144,25 @@ type lockmeshWorker struct {
 	n       *node.Node
 	release bool
 	sess    *node.Session
+	// leaders, when set, is the peer leading each shard: Lock is called
+	// there (lockmesh-leader).
+	leaders map[uint64]*node.Node
+}
+
+// peerFor is the peer the worker locks key through.
+func (w *lockmeshWorker) peerFor(ctx context.Context, key string) *node.Node {
+	if w.leaders != nil {
+		if shard, err := w.n.ShardOf(ctx, key); err == nil {
+			if p, ok := w.leaders[shard]; ok {
+				return p
+			}
+		}
+	}
+	return w.n
 }
 
 func (w *lockmeshWorker) Lock(ctx context.Context, key string) (uint64, bool, func(context.Context) error, error) {
-	l, err := w.n.Lock(ctx, key)
+	l, err := w.peerFor(ctx, key).Lock(ctx, key)
 	if err != nil {
 		return 0, false, nil, err
 	}
