@@ -514,8 +514,8 @@ func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
 		l.n.obs.onLeaderChange(info.ShardID)
 	}
 	if p := l.n.placement.Load(); p != nil && info.LeaderID != 0 {
-		if pe, ok := p.PeerByReplica(info.LeaderID); ok {
-			l.n.setLeader(info.ShardID, pe.Name)
+		if name, ok := p.ReplicaPeer(info.ShardID, info.LeaderID); ok {
+			l.n.setLeader(info.ShardID, name)
 		}
 	}
 }

@@ -138,6 +138,19 @@ func (p *Placement) PeerByReplica(id uint64) (Peer, bool) {
 	return Peer{}, false
 }
 
+// ReplicaPeer returns the name of the peer hosting replica id of shard:
+// PeerByReplica for a replica known to be shard's, which looks at that
+// shard's replicas only (it runs for every proposal, with the id of the
+// shard's leader).
+func (p *Placement) ReplicaPeer(shard, id uint64) (string, bool) {
+	for _, r := range p.Replicas[shard] {
+		if r.ID == id {
+			return r.Peer, true
+		}
+	}
+	return "", false
+}
+
 // Replica returns name's replica of shard.
 func (p *Placement) Replica(shard uint64, name string) (Replica, bool) {
 	for _, r := range p.Replicas[shard] {

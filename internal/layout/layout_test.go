@@ -108,6 +108,16 @@ func TestQueries(t *testing.T) {
 	if _, ok := p.PeerByReplica(8); ok {
 		t.Error("PeerByReplica(8) found a replica never given out")
 	}
+	for shard, rs := range p.Replicas {
+		for _, r := range rs {
+			if name, ok := p.ReplicaPeer(shard, r.ID); !ok || name != r.Peer {
+				t.Errorf("ReplicaPeer(%d, %d) = %q, %v; want %q", shard, r.ID, name, ok, r.Peer)
+			}
+		}
+	}
+	if _, ok := p.ReplicaPeer(3, 7); ok {
+		t.Error("ReplicaPeer(3, 7) found replica 7, which is shard 2's")
+	}
 	if id, ok := p.ReplicaID(2, "b"); !ok || id != 4 {
 		t.Errorf("ReplicaID(2, b) = %d, %v; want 4", id, ok)
 	}

@@ -34,8 +34,8 @@ func (s *Sessions) ServeKeepAlive(ctx context.Context, req router.KeepAliveReque
 	}
 	if leaderID != self {
 		hint := "?" // not empty: an empty Leader means "acknowledged"
-		if pe, ok := p.PeerByReplica(leaderID); ok {
-			hint = pe.Name
+		if name, ok := p.ReplicaPeer(req.Shard, leaderID); ok {
+			hint = name
 		}
 		return router.KeepAliveResponse{Leader: hint}, nil
 	}

@@ -37,8 +37,8 @@ func (r *Router) LeaderGuess(shard uint64) string {
 	}
 	if r.host.Hosts(shard) {
 		if id, ok := r.host.LocalLeader(shard); ok {
-			if pe, ok := p.PeerByReplica(id); ok {
-				return pe.Name
+			if name, ok := p.ReplicaPeer(shard, id); ok {
+				return name
 			}
 		}
 	}
