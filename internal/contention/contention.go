@@ -18,7 +18,9 @@
 //     tokens grow with every grant of a shard, so the first sample whose
 //     token reaches a grant's token dates it. Samples are merged as they
 //     age, the newest kept densest, so an age is placed to within a few
-//     percent of itself;
+//     percent of itself below the truth (a merged sample dates its
+//     grants later) and SampleGap above it (grants closer than that
+//     share the earlier one's time);
 //   - queue times are kept for at most MaxQueued waiters; a waiter beyond
 //     that has no known age;
 //   - the most waited-for keys are a space-saving summary of MaxKeys
