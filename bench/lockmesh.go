@@ -49,8 +49,8 @@ type lockmeshSystem struct {
 	atLeader bool
 	leaders  map[uint64]*node.Node
 	observe  observeMode
-	obs     *observers
-	peers   []*node.Node
+	obs      *observers
+	peers    []*node.Node
 }
 
 func (s *lockmeshSystem) Name() string {
