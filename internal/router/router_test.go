@@ -542,14 +542,27 @@ func TestGroupsStayWholeInOneEntry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 5 {
-		rs, err := r.Propose(ctx, shard, acquire(uint64(200+i)))
-		if err != nil {
-			t.Fatal(err)
+	// The queue holds MaxBatch commands and every in-flight slot is held
+	// at the gate: the singles after the group may find the queue full
+	// (when the batcher took fewer than 4 of the ones before), so they are
+	// proposed while the gate opens. Proposing them before opening it
+	// deadlocked until the held proposals timed out (seen under -race).
+	trailing := make(chan *RequestState, 5)
+	go func() {
+		defer close(trailing)
+		for i := range 5 {
+			rs, err := r.Propose(ctx, shard, acquire(uint64(200+i)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			trailing <- rs
 		}
+	}()
+	close(h.gate)
+	for rs := range trailing {
 		singles = append(singles, rs)
 	}
-	close(h.gate)
 	o := <-group.ResultC()
 	if o.Err != nil || len(o.Results) != 3 || o.Results[0].Token != 100 || o.Results[2].Token != 102 || o.Result.Token != o.Results[0].Token {
 		t.Fatalf("group outcome %+v", o)
