@@ -252,13 +252,19 @@ func (n *Node) localCounts(shard uint64) (lockfsm.Stats, bool) {
 // peer runs.
 func (n *Node) appliedIndexes() map[uint64]uint64 {
 	out := map[uint64]uint64{}
-	for _, sh := range n.localShards() {
-		v, err := n.nh.StaleRead(sh.shard, replica.StateReader(func(s *lockfsm.State) any { return s.Index() }))
+	if n.replicas == nil {
+		return out
+	}
+	for shard := range n.replicas.Running() {
+		if shard == metaShardID {
+			continue
+		}
+		v, err := n.nh.StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any { return s.Index() }))
 		if err != nil {
 			continue
 		}
 		if i, ok := v.(uint64); ok {
-			out[sh.shard] = i
+			out[shard] = i
 		}
 	}
 	return out
@@ -289,7 +295,13 @@ func (n *Node) Top(ctx context.Context, k int) (Top, error) {
 	if err := n.familyLevel("contention summaries"); err != nil {
 		return Top{}, err
 	}
+	type shardKey struct {
+		shard uint64
+		since time.Time
+		replica.TopKey
+	}
 	var top Top
+	var keys []shardKey
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, shard := range p.ShardIDs() {
@@ -308,9 +320,7 @@ func (n *Node) Top(ctx context.Context, k int) (Top, error) {
 			}
 			since := time.UnixMilli(a.Top.SinceMillis)
 			for _, tk := range a.Top.Keys {
-				top.Contended = append(top.Contended, ContendedKey{Key: tk.Key, Shard: shard, Waiters: tk.Waiters,
-					OldestWait: micros(tk.OldestWait.Micros), Handoffs: tk.Handoffs, TotalWait: micros(tk.WaitMicros),
-					Overcount: micros(tk.OvercountMicros), Since: since})
+				keys = append(keys, shardKey{shard, since, tk})
 			}
 			for _, h := range a.Top.Holds {
 				top.LongestHolds = append(top.LongestHolds, LongHold{Key: h.Key, Shard: shard, Peer: h.Holder.Owner,
@@ -319,15 +329,16 @@ func (n *Node) Top(ctx context.Context, k int) (Top, error) {
 		}()
 	}
 	wg.Wait()
-	score := func(c ContendedKey) time.Duration { return c.TotalWait + c.OldestWait }
-	slices.SortFunc(top.Contended, func(a, b ContendedKey) int {
-		return cmp.Or(cmp.Compare(score(b), score(a)), cmp.Compare(b.Waiters, a.Waiters), cmp.Compare(a.Key, b.Key))
-	})
+	slices.SortFunc(keys, func(a, b shardKey) int { return replica.CompareTopKeys(a.TopKey, b.TopKey) })
+	for _, sk := range keys[:min(k, len(keys))] {
+		top.Contended = append(top.Contended, ContendedKey{Key: sk.Key, Shard: sk.shard, Waiters: sk.Waiters,
+			OldestWait: micros(sk.OldestWait.Micros), Handoffs: sk.Handoffs, TotalWait: micros(sk.WaitMicros),
+			Overcount: micros(sk.OvercountMicros), Since: sk.since})
+	}
 	slices.SortFunc(top.LongestHolds, func(a, b LongHold) int {
 		return cmp.Or(cmp.Compare(b.HeldFor, a.HeldFor), cmp.Compare(a.Key, b.Key))
 	})
 	slices.Sort(top.Missing)
-	top.Contended = top.Contended[:min(k, len(top.Contended))]
 	top.LongestHolds = top.LongestHolds[:min(k, len(top.LongestHolds))]
 	if len(top.Missing) > 0 && ctx.Err() != nil {
 		return top, ctx.Err()

@@ -284,6 +284,14 @@ type TopKey struct {
 	OvercountMicros uint64 `msgpack:"c"`
 }
 
+// CompareTopKeys orders contended keys most contended first: by their
+// summed past waits plus the wait going on now, then by waiters now, then
+// by key. A shard's answer and node's merge of every shard's use it.
+func CompareTopKeys(a, b TopKey) int {
+	score := func(tk TopKey) uint64 { return tk.WaitMicros + tk.OldestWait.Micros }
+	return cmp.Or(cmp.Compare(score(b), score(a)), cmp.Compare(b.Waiters, a.Waiters), cmp.Compare(a.Key, b.Key))
+}
+
 // TopHold is a hold granted long ago.
 type TopHold struct {
 	Key    string         `msgpack:"y"`
@@ -361,10 +369,7 @@ func (s *Lock) top(k int) *Top {
 	for _, tk := range byKey {
 		t.Keys = append(t.Keys, *tk)
 	}
-	score := func(tk TopKey) uint64 { return tk.WaitMicros + tk.OldestWait.Micros }
-	slices.SortFunc(t.Keys, func(a, b TopKey) int {
-		return cmp.Or(cmp.Compare(score(b), score(a)), cmp.Compare(b.Waiters, a.Waiters), cmp.Compare(a.Key, b.Key))
-	})
+	slices.SortFunc(t.Keys, CompareTopKeys)
 	if len(t.Keys) > k {
 		t.Keys = t.Keys[:k]
 	}
