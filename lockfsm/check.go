@@ -25,13 +25,13 @@ func (s *State) Verify() error {
 		if err := ValidateKey(key); err != nil {
 			return err
 		}
-		if k.limit == 0 {
+		if k.limit() == 0 {
 			return fmt.Errorf("key %q: limit 0", key)
 		}
 		if len(k.holders()) == 0 && len(k.waiters()) == 0 {
 			return fmt.Errorf("key %q: kept with no holders and no waiters", key)
 		}
-		if k.queue != nil && len(*k.queue) == 0 {
+		if k.ext != nil && k.ext.queue != nil && len(k.ext.queue) == 0 {
 			return fmt.Errorf("key %q: empty waiter queue kept", key)
 		}
 		var prev uint64
@@ -161,24 +161,24 @@ func (s *State) checkSessionID(id uint64) error {
 // verifyKey checks k's role, limit and holders, and that its queue's head
 // waits for a reason.
 func (s *State) verifyKey(key string, k *lockKey) error {
-	if k.role > roleSemaphore {
-		return fmt.Errorf("key %q: unknown role %d", key, k.role)
+	if k.role() > roleSemaphore {
+		return fmt.Errorf("key %q: unknown role %d", key, k.role())
 	}
 	for i, list := range [][]slot{k.holders(), k.waiters()} {
 		for _, h := range list {
-			if at := s.attemptOf(h); roleOf(at.kind) != k.role {
-				return fmt.Errorf("key %q: a %s's %s attempt (%d,%d) (list %d)", key, k.role, at.kind, h.session, h.req, i)
+			if at := s.attemptOf(h); roleOf(at.kind) != k.role() {
+				return fmt.Errorf("key %q: a %s's %s attempt (%d,%d) (list %d)", key, k.role(), at.kind, h.session, h.req, i)
 			}
 		}
 	}
-	switch k.role {
+	switch k.role() {
 	case roleMutex:
-		if uint64(len(k.holders())) > uint64(k.limit) {
-			return fmt.Errorf("key %q: %d holders, more than its limit %d", key, len(k.holders()), k.limit)
+		if uint64(len(k.holders())) > uint64(k.limit()) {
+			return fmt.Errorf("key %q: %d holders, more than its limit %d", key, len(k.holders()), k.limit())
 		}
 	case roleRW:
-		if k.limit != 1 {
-			return fmt.Errorf("key %q: read/write lock with limit %d", key, k.limit)
+		if k.limit() != 1 {
+			return fmt.Errorf("key %q: read/write lock with limit %d", key, k.limit())
 		}
 		for _, h := range k.holders() {
 			if at := s.attemptOf(h); at.kind == KindWrite && len(k.holders()) > 1 {
@@ -186,8 +186,8 @@ func (s *State) verifyKey(key string, k *lockKey) error {
 			}
 		}
 	case roleSemaphore:
-		if used := s.used(k); used > k.limit {
-			return fmt.Errorf("key %q: %d permits held of %d", key, used, k.limit)
+		if used := s.used(k); used > k.limit() {
+			return fmt.Errorf("key %q: %d permits held of %d", key, used, k.limit())
 		}
 	}
 	if w := k.waiters(); len(w) > 0 {

@@ -164,15 +164,15 @@ func (s *State) checkAcquire(c *Command) (k *lockKey, res Result, ok bool) {
 	if k == nil {
 		return nil, Result{}, true
 	}
-	if r := roleOf(c.Kind); r != k.role {
-		return nil, Result{Status: StatusMismatch, Err: fmt.Sprintf("Acquire %q: the key is a %s, not a %s", c.Key, k.role, r)}, false
+	if r := roleOf(c.Kind); r != k.role() {
+		return nil, Result{Status: StatusMismatch, Err: fmt.Sprintf("Acquire %q: the key is a %s, not a %s", c.Key, k.role(), r)}, false
 	}
-	if limit := limitOf(c); limit != k.limit {
+	if limit := limitOf(c); limit != k.limit() {
 		if c.Kind == KindSemaphore {
-			return nil, Result{Status: StatusLimitMismatch, Err: fmt.Sprintf("Acquire %q: a semaphore of %d permits asked, the key has %d", c.Key, limit, k.limit)}, false
+			return nil, Result{Status: StatusLimitMismatch, Err: fmt.Sprintf("Acquire %q: a semaphore of %d permits asked, the key has %d", c.Key, limit, k.limit())}, false
 		}
 		// What every release before the lock family answered.
-		return nil, invalid(fmt.Sprintf("Acquire: limit %d differs from the key's current limit %d", limit, k.limit)), false
+		return nil, invalid(fmt.Sprintf("Acquire: limit %d differs from the key's current limit %d", limit, k.limit())), false
 	}
 	return k, Result{}, true
 }
@@ -188,7 +188,7 @@ var broken struct {
 // canGrant reports whether the attempt at can join k's holders now,
 // leaving the queue aside.
 func (s *State) canGrant(k *lockKey, at *attempt) bool {
-	switch k.role {
+	switch k.role() {
 	case roleRW:
 		if len(k.holders()) == 0 {
 			return true
@@ -196,15 +196,15 @@ func (s *State) canGrant(k *lockKey, at *attempt) bool {
 		// Holders are one writer or only readers; the first says which.
 		return at.kind == KindRead && (s.attemptOf(k.holders()[0]).kind == KindRead || broken.readerJoinsWriter)
 	case roleSemaphore:
-		return uint64(s.used(k))+uint64(at.permits) <= uint64(k.limit) || broken.semaphoreOverfill && len(k.holders()) < 2
+		return uint64(s.used(k))+uint64(at.permits) <= uint64(k.limit()) || broken.semaphoreOverfill && len(k.holders()) < 2
 	}
-	return uint64(len(k.holders())) < uint64(k.limit)
+	return uint64(len(k.holders())) < uint64(k.limit())
 }
 
 // used is the permits k's holders hold (the number of holders, for the
 // roles whose attempts take one).
 func (s *State) used(k *lockKey) uint32 {
-	if k.role != roleSemaphore {
+	if k.role() != roleSemaphore {
 		return uint32(len(k.holders()))
 	}
 	var n uint32
@@ -384,7 +384,7 @@ func (s *State) cycle(session uint64, names []string, keys []*lockKey) string {
 	from := map[uint64]hop{} // session -> how the search reached it
 	var queue []uint64
 	visit := func(waiter uint64, key string, k *lockKey) bool {
-		if k.role == roleSemaphore {
+		if k.role() == roleSemaphore {
 			return false
 		}
 		for _, h := range k.holders() {

@@ -383,30 +383,70 @@ type slot struct {
 }
 
 // lockKey is a key that is held or waited for. Most keys are mutexes with
-// one holder and nobody waiting, so they are laid out to fit one 48-byte
-// allocation: a lone holder lives in the lockKey itself (one), more than
-// one (Limit > 1) in a slice of their own behind more, and the waiters
-// behind queue, which is nil until the key is contended.
+// one holder and nobody waiting, so they are laid out to fit one 32-byte
+// allocation: a lone holder lives in the lockKey itself (one, whose token
+// is never 0), and everything else — a limit other than 1, a role other
+// than mutex, two or more holders, waiters — in ext, which is nil until
+// the key needs it and stays until the key is deleted.
 type lockKey struct {
-	limit  uint32
-	role   role
-	hasOne bool    // one[0] is the key's only holder
-	one    [1]slot // the only holder, when hasOne
-	more   *[]slot // the holders, when there are two or more
-	queue  *[]slot // waiters in FIFO order; nil while nobody waits
+	one [1]slot // the only holder, when one[0].token != 0 and ext holds none
+	ext *keyExt
+}
+
+// keyExt is what a lockKey holds beyond a lone mutex holder.
+type keyExt struct {
+	limit uint32
+	role  role
+	more  []slot // the holders, when there are two or more (or one of token 0)
+	queue []slot // waiters in FIFO order
 }
 
 func newLockKey(limit uint32, r role) *lockKey {
-	return &lockKey{limit: limit, role: r}
+	k := &lockKey{}
+	if limit != 1 || r != roleMutex {
+		k.ext = &keyExt{limit: limit, role: r}
+	}
+	return k
+}
+
+// extended returns the key's ext, made on first use.
+func (k *lockKey) extended() *keyExt {
+	if k.ext == nil {
+		k.ext = &keyExt{limit: 1, role: roleMutex}
+	}
+	return k.ext
+}
+
+// limit returns the key's Limit: its holders (mutex) or permits (semaphore).
+func (k *lockKey) limit() uint32 {
+	if k.ext == nil {
+		return 1
+	}
+	return k.ext.limit
+}
+
+// role returns what the key is: a mutex, read/write lock or semaphore.
+func (k *lockKey) role() role {
+	if k.ext == nil {
+		return roleMutex
+	}
+	return k.ext.role
+}
+
+// setRole sets the role of a key decoded before its role was.
+func (k *lockKey) setRole(r role) {
+	if r != roleMutex || k.ext != nil {
+		k.extended().role = r
+	}
 }
 
 // holders returns the key's holders in grant order, so tokens ascend. The
 // slice may alias the key: callers must not change it, only setHolders.
 func (k *lockKey) holders() []slot {
 	switch {
-	case k.more != nil:
-		return *k.more
-	case k.hasOne:
+	case k.ext != nil && k.ext.more != nil:
+		return k.ext.more
+	case k.one[0].token != 0:
 		return k.one[:]
 	}
 	return nil
@@ -415,60 +455,62 @@ func (k *lockKey) holders() []slot {
 // setHolders replaces the key's holders with h, which it keeps when h
 // has two or more.
 func (k *lockKey) setHolders(h []slot) {
-	k.one, k.hasOne, k.more = [1]slot{}, false, nil
-	switch len(h) {
-	case 0:
-	case 1:
-		k.one[0], k.hasOne = h[0], true
-	default:
-		k.more = &h
+	k.one[0] = slot{}
+	if k.ext != nil {
+		k.ext.more = nil
+	}
+	switch {
+	case len(h) == 0:
+	case len(h) == 1 && h[0].token != 0:
+		k.one[0] = h[0]
+	default: // a lone holder of token 0 is kept too, for Verify to refuse
+		k.extended().more = h
 	}
 }
 
 // addHolder appends h to the key's holders.
 func (k *lockKey) addHolder(h slot) {
 	switch {
-	case k.more != nil:
-		*k.more = append(*k.more, h)
-	case k.hasOne:
+	case k.ext != nil && k.ext.more != nil:
+		k.ext.more = append(k.ext.more, h)
+	case k.one[0].token != 0:
 		k.setHolders([]slot{k.one[0], h})
 	default:
-		k.one[0], k.hasOne = h, true
+		k.setHolders([]slot{h})
 	}
 }
 
 // dropHolder removes the holder (session, req).
 func (k *lockKey) dropHolder(session, req uint64) {
-	if k.more == nil {
-		if k.hasOne && k.one[0].session == session && k.one[0].req == req {
+	if k.ext == nil || k.ext.more == nil {
+		if h := k.one[0]; h.token != 0 && h.session == session && h.req == req {
 			k.setHolders(nil)
 		}
 		return
 	}
-	*k.more = slices.DeleteFunc(*k.more, func(h slot) bool { return h.session == session && h.req == req })
-	if len(*k.more) < 2 {
-		k.setHolders(*k.more)
+	more := slices.DeleteFunc(k.ext.more, func(h slot) bool { return h.session == session && h.req == req })
+	if len(more) < 2 {
+		k.setHolders(more)
+	} else {
+		k.ext.more = more
 	}
 }
 
 // waiters returns the key's FIFO queue; its head is granted next.
 func (k *lockKey) waiters() []slot {
-	if k.queue == nil {
+	if k.ext == nil {
 		return nil
 	}
-	return *k.queue
+	return k.ext.queue
 }
 
 // setWaiters replaces the key's FIFO queue; an empty queue is dropped.
 func (k *lockKey) setWaiters(w []slot) {
-	switch {
-	case len(w) == 0:
-		k.queue = nil
-	case k.queue == nil:
-		k.queue = new([]slot) // here, so that w itself does not escape
-		*k.queue = w
-	default:
-		*k.queue = w
+	if len(w) == 0 {
+		w = nil
+	}
+	if w != nil || k.ext != nil {
+		k.extended().queue = w
 	}
 }
 
@@ -926,7 +968,7 @@ func (a *applier) endSession(sess *session) {
 			at.state = ReqCancelled
 			if k.idle() {
 				delete(a.s.keys, at.key)
-			} else if len(k.holders()) == 0 || k.role != roleMutex {
+			} else if len(k.holders()) == 0 || k.role() != roleMutex {
 				left = append(left, at.key)
 			}
 		}

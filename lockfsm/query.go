@@ -64,7 +64,7 @@ func (s *State) Key(key string) (info KeyInfo, ok bool) {
 	if k == nil {
 		return KeyInfo{}, false
 	}
-	info = KeyInfo{Key: key, Limit: k.limit, Role: k.role.kindName(), Holders: s.holders(k.holders(), 0), Waiters: s.holders(k.waiters(), 0)}
+	info = KeyInfo{Key: key, Limit: k.limit(), Role: k.role().kindName(), Holders: s.holders(k.holders(), 0), Waiters: s.holders(k.waiters(), 0)}
 	return info, true
 }
 

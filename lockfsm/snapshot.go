@@ -131,7 +131,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 		k := s.keys[key]
 		e.arrayLen(kFields)
 		e.str(key)
-		e.uint(uint64(k.limit))
+		e.uint(uint64(k.limit()))
 		e.arrayLen(len(k.holders()))
 		for _, h := range k.holders() {
 			e.arrayLen(holderFields)
@@ -146,7 +146,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 			e.uint(h.req)
 		}
 		if kFields == keyFields {
-			e.uint(uint64(k.role))
+			e.uint(uint64(k.role()))
 		}
 	}
 	if e.err != nil {
@@ -176,7 +176,7 @@ func (s *State) MinSnapshotFormat() byte {
 		}
 	}
 	for _, k := range s.keys {
-		if k.role != roleMutex {
+		if k.role() != roleMutex {
 			return 3
 		}
 	}
@@ -368,7 +368,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 		}
 		k.setWaiters(waiters)
 		if kFields == keyFields {
-			k.role = role(d.uint("role", uint64(roleSemaphore)))
+			k.setRole(role(d.uint("role", uint64(roleSemaphore))))
 			if d.err != nil {
 				return nil, d.err
 			}
