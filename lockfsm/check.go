@@ -18,7 +18,6 @@ import (
 //
 // Load runs it on every snapshot; tests and fuzzers run it after Apply.
 func (s *State) Verify() error {
-	type ref struct{ session, req uint64 }
 	seen := map[ref]bool{}
 	live := 0
 	for key, k := range s.keys {
@@ -34,34 +33,36 @@ func (s *State) Verify() error {
 		if k.ext != nil && k.ext.queue != nil && len(k.ext.queue) == 0 {
 			return fmt.Errorf("key %q: empty waiter queue kept", key)
 		}
-		var prev uint64
-		for _, h := range k.holders() {
-			if h.token <= prev || h.token > s.lastToken {
-				return fmt.Errorf("key %q: holder (%d,%d) token %d out of order (previous %d, last issued %d)", key, h.session, h.req, h.token, prev, s.lastToken)
-			}
-			prev = h.token
-		}
-		for i, list := range [][]slot{k.holders(), k.waiters()} {
+		for i, list := range [][]ref{k.holders(), k.waiters()} {
 			want := ReqHeld
 			if i == 1 {
 				want = ReqWaiting
 			}
 			for _, h := range list {
-				r := ref{h.session, h.req}
-				if seen[r] {
+				if seen[h] {
 					return fmt.Errorf("key %q: attempt (%d,%d) listed twice", key, h.session, h.req)
 				}
-				seen[r] = true
+				seen[h] = true
 				live++
 				sess := s.sessions[h.session]
 				if sess == nil {
 					return fmt.Errorf("key %q: %v attempt (%d,%d) of unknown session", key, want, h.session, h.req)
 				}
 				at := sess.reqs[h.req]
-				if at == nil || at.state != want || at.key != key || (want == ReqHeld && at.token != h.token) || (want == ReqWaiting && h.token != 0) {
+				if at == nil || at.state != want || at.key != key {
 					return fmt.Errorf("key %q: attempt (%d,%d) listed as %v disagrees with the session's record", key, h.session, h.req, want)
 				}
 			}
+		}
+		// Every holder is a held attempt now, whose token the sessions'
+		// loop below checks against the last token issued.
+		var prev uint64
+		for _, h := range k.holders() {
+			t := s.attemptOf(h).token
+			if t <= prev {
+				return fmt.Errorf("key %q: holder (%d,%d) token %d out of order (previous %d)", key, h.session, h.req, t, prev)
+			}
+			prev = t
 		}
 	}
 	attempts := 0
@@ -164,7 +165,7 @@ func (s *State) verifyKey(key string, k *lockKey) error {
 	if k.role() > roleSemaphore {
 		return fmt.Errorf("key %q: unknown role %d", key, k.role())
 	}
-	for i, list := range [][]slot{k.holders(), k.waiters()} {
+	for i, list := range [][]ref{k.holders(), k.waiters()} {
 		for _, h := range list {
 			if at := s.attemptOf(h); roleOf(at.kind) != k.role() {
 				return fmt.Errorf("key %q: a %s's %s attempt (%d,%d) (list %d)", key, k.role(), at.kind, h.session, h.req, i)

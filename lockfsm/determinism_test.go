@@ -206,11 +206,27 @@ func TestLoadRejectsCorruptSnapshots(t *testing.T) {
 	s := New()
 	s.index, s.lastToken = 1, 1
 	s.keys["x"] = newLockKey(1, roleMutex)
-	s.keys["x"].addHolder(slot{session: 7, req: 1, token: 1})
+	s.keys["x"].addHolder(ref{session: 7, req: 1})
 	var buf bytes.Buffer
 	s.Save(&buf)
 	if err := New().Load(&buf); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "unknown session") {
 		t.Errorf("Load of an inconsistent snapshot: %v", err)
+	}
+	// A holder's token is stored once, in its attempt: a snapshot whose
+	// holder list gives another is refused. The holder record is the last
+	// but two of the key's [key, limit, [[session, req, token]], [], role].
+	c = newChecker()
+	rs, _, _ := c.apply(Command{Op: OpOpenSession, Owner: "na", TTLMillis: 100})
+	c.apply(Command{Op: OpAcquire, Session: rs[0].Session, Req: 1, Key: "x", Wait: true})
+	c.apply(Command{Op: OpAcquire, Session: rs[0].Session, Req: 2, Key: "y", Wait: true})
+	good = snapshot(t, c.s)
+	bad := slices.Clone(good)
+	if bad[len(bad)-3] != 2 {
+		t.Fatalf("snapshot does not end in y's holder token 2: % x", bad[len(bad)-8:])
+	}
+	bad[len(bad)-3] = 1
+	if err := New().Load(bytes.NewReader(bad)); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "token 1, its attempt's is 2") {
+		t.Errorf("Load of a snapshot whose holder token is not its attempt's: %v", err)
 	}
 }
 

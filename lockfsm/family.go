@@ -214,7 +214,16 @@ func (s *State) used(k *lockKey) uint32 {
 	return n
 }
 
-func (s *State) attemptOf(h slot) *attempt { return s.sessions[h.session].reqs[h.req] }
+func (s *State) attemptOf(h ref) *attempt { return s.sessions[h.session].reqs[h.req] }
+
+// tokenOf returns the token of the attempt h, 0 if there is no such attempt
+// (a state Verify would refuse, which Save still writes as it is).
+func (s *State) tokenOf(h ref) uint64 {
+	if sess := s.sessions[h.session]; sess != nil && sess.reqs[h.req] != nil {
+		return sess.reqs[h.req].token
+	}
+	return 0
+}
 
 // groupReady reports whether every attempt of sess's group (first, size)
 // waits at the head of its key's queue and can be granted there.

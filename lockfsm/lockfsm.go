@@ -377,19 +377,15 @@ func (sess *session) finish(req uint64, at *attempt, state ReqState) {
 	sess.terminal = append(sess.terminal, req)
 }
 
-// slot is a holder (token > 0) or a waiter (token 0) of a key.
-type slot struct {
-	session, req, token uint64
-}
-
 // lockKey is a key that is held or waited for. Most keys are mutexes with
-// one holder and nobody waiting, so they are laid out to fit one 32-byte
-// allocation: a lone holder lives in the lockKey itself (one, whose token
-// is never 0), and everything else — a limit other than 1, a role other
+// one holder and nobody waiting, so they are laid out to fit one 24-byte
+// allocation: a lone holder lives in the lockKey itself (one; session ids
+// are never 0), and everything else — a limit other than 1, a role other
 // than mutex, two or more holders, waiters — in ext, which is nil until
-// the key needs it and stays until the key is deleted.
+// the key needs it and stays until the key is deleted. Holders and
+// waiters name their attempts; a holder's token is its attempt's.
 type lockKey struct {
-	one [1]slot // the only holder, when one[0].token != 0 and ext holds none
+	one [1]ref // the only holder, when one[0].session != 0
 	ext *keyExt
 }
 
@@ -397,8 +393,8 @@ type lockKey struct {
 type keyExt struct {
 	limit uint32
 	role  role
-	more  []slot // the holders, when there are two or more (or one of token 0)
-	queue []slot // waiters in FIFO order
+	more  []ref // the holders, when there are two or more
+	queue []ref // waiters in FIFO order
 }
 
 func newLockKey(limit uint32, r role) *lockKey {
@@ -442,11 +438,11 @@ func (k *lockKey) setRole(r role) {
 
 // holders returns the key's holders in grant order, so tokens ascend. The
 // slice may alias the key: callers must not change it, only setHolders.
-func (k *lockKey) holders() []slot {
+func (k *lockKey) holders() []ref {
 	switch {
 	case k.ext != nil && k.ext.more != nil:
 		return k.ext.more
-	case k.one[0].token != 0:
+	case k.one[0].session != 0:
 		return k.one[:]
 	}
 	return nil
@@ -454,41 +450,41 @@ func (k *lockKey) holders() []slot {
 
 // setHolders replaces the key's holders with h, which it keeps when h
 // has two or more.
-func (k *lockKey) setHolders(h []slot) {
-	k.one[0] = slot{}
+func (k *lockKey) setHolders(h []ref) {
+	k.one[0] = ref{}
 	if k.ext != nil {
 		k.ext.more = nil
 	}
 	switch {
 	case len(h) == 0:
-	case len(h) == 1 && h[0].token != 0:
+	case len(h) == 1 && h[0].session != 0:
 		k.one[0] = h[0]
-	default: // a lone holder of token 0 is kept too, for Verify to refuse
+	default: // a lone holder of session 0 is kept too, for Verify to refuse
 		k.extended().more = h
 	}
 }
 
 // addHolder appends h to the key's holders.
-func (k *lockKey) addHolder(h slot) {
+func (k *lockKey) addHolder(h ref) {
 	switch {
 	case k.ext != nil && k.ext.more != nil:
 		k.ext.more = append(k.ext.more, h)
-	case k.one[0].token != 0:
-		k.setHolders([]slot{k.one[0], h})
+	case k.one[0].session != 0:
+		k.setHolders([]ref{k.one[0], h})
 	default:
-		k.setHolders([]slot{h})
+		k.setHolders([]ref{h})
 	}
 }
 
 // dropHolder removes the holder (session, req).
 func (k *lockKey) dropHolder(session, req uint64) {
 	if k.ext == nil || k.ext.more == nil {
-		if h := k.one[0]; h.token != 0 && h.session == session && h.req == req {
+		if h := k.one[0]; h.session == session && h.req == req {
 			k.setHolders(nil)
 		}
 		return
 	}
-	more := slices.DeleteFunc(k.ext.more, func(h slot) bool { return h.session == session && h.req == req })
+	more := slices.DeleteFunc(k.ext.more, func(h ref) bool { return h.session == session && h.req == req })
 	if len(more) < 2 {
 		k.setHolders(more)
 	} else {
@@ -497,7 +493,7 @@ func (k *lockKey) dropHolder(session, req uint64) {
 }
 
 // waiters returns the key's FIFO queue; its head is granted next.
-func (k *lockKey) waiters() []slot {
+func (k *lockKey) waiters() []ref {
 	if k.ext == nil {
 		return nil
 	}
@@ -505,7 +501,7 @@ func (k *lockKey) waiters() []slot {
 }
 
 // setWaiters replaces the key's FIFO queue; an empty queue is dropped.
-func (k *lockKey) setWaiters(w []slot) {
+func (k *lockKey) setWaiters(w []ref) {
 	if len(w) == 0 {
 		w = nil
 	}
@@ -517,13 +513,13 @@ func (k *lockKey) setWaiters(w []slot) {
 // popWaiter removes the head of the queue.
 func (k *lockKey) popWaiter() {
 	q := k.waiters()
-	q[0] = slot{}
+	q[0] = ref{}
 	k.setWaiters(q[1:])
 }
 
 // unqueue removes the waiter (session, req) from the queue.
 func (k *lockKey) unqueue(session, req uint64) {
-	k.setWaiters(slices.DeleteFunc(k.waiters(), func(w slot) bool { return w.session == session && w.req == req }))
+	k.setWaiters(slices.DeleteFunc(k.waiters(), func(w ref) bool { return w.session == session && w.req == req }))
 }
 
 // idle reports whether nobody holds or waits for the key, which is then deleted.
@@ -545,7 +541,8 @@ type State struct {
 	maxHold map[ref]uint64
 }
 
-// ref names an attempt.
+// ref names an attempt: a key's holder or waiter, or the attempt of a
+// maximum hold.
 type ref struct{ session, req uint64 }
 
 // New returns an empty state at index 0 whose first grant gets token 1.
@@ -793,7 +790,7 @@ func repeat(at *attempt, c *Command) Result {
 func (a *applier) enqueue(k *lockKey, sess *session, req uint64, at *attempt) {
 	at.state = ReqWaiting
 	sess.waiting++
-	k.setWaiters(append(k.waiters(), slot{session: sess.id, req: req}))
+	k.setWaiters(append(k.waiters(), ref{session: sess.id, req: req}))
 }
 
 // dropIfIdle deletes k, made for an attempt that was then refused, once
@@ -810,7 +807,7 @@ func (a *applier) grant(key string, k *lockKey, sess *session, req uint64, at *a
 	at.state = ReqHeld
 	at.token = a.s.lastToken
 	sess.held++
-	k.addHolder(slot{session: sess.id, req: req, token: at.token})
+	k.addHolder(ref{session: sess.id, req: req})
 	a.grants = append(a.grants, Grant{Key: key, Session: sess.id, Req: req, Token: at.token, Owner: sess.owner, HandOff: handOff})
 }
 

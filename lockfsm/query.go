@@ -68,8 +68,8 @@ func (s *State) Key(key string) (info KeyInfo, ok bool) {
 	return info, true
 }
 
-// holders describes slots, at most max of them (0: all).
-func (s *State) holders(slots []slot, max int) []Holder {
+// holders describes the attempts slots, at most max of them (0: all).
+func (s *State) holders(slots []ref, max int) []Holder {
 	if max > 0 && len(slots) > max {
 		slots = slots[:max]
 	}
@@ -78,11 +78,11 @@ func (s *State) holders(slots []slot, max int) []Holder {
 	}
 	out := make([]Holder, len(slots))
 	for i, h := range slots {
-		out[i] = Holder{Session: h.session, Req: h.req, Token: h.token, Permits: 1}
+		out[i] = Holder{Session: h.session, Req: h.req, Permits: 1}
 		if sess := s.sessions[h.session]; sess != nil {
 			out[i].Owner, out[i].Label = sess.owner, sess.label
 			if at := sess.reqs[h.req]; at != nil {
-				out[i].Kind, out[i].Permits = at.kind, at.permits
+				out[i].Token, out[i].Kind, out[i].Permits = at.token, at.kind, at.permits
 			}
 		}
 	}
@@ -199,22 +199,23 @@ func (s *State) Contention(k int) (queues []KeyQueue, oldest []KeyHold) {
 		k   *lockKey
 	}
 	type hold struct {
-		key string
-		h   slot
+		key   string
+		h     ref
+		token uint64
 	}
 	var qs []queue
 	var hs []hold
 	longer := func(a, b queue) int {
 		return cmp.Or(cmp.Compare(len(b.k.waiters()), len(a.k.waiters())), cmp.Compare(a.key, b.key))
 	}
-	older := func(a, b hold) int { return cmp.Compare(a.h.token, b.h.token) }
+	older := func(a, b hold) int { return cmp.Compare(a.token, b.token) }
 	for key, lk := range s.keys {
 		if n := len(lk.waiters()); n > 0 && (len(qs) < k || longer(queue{key, lk}, qs[len(qs)-1]) < 0) {
 			qs = insertBounded(qs, queue{key, lk}, k, longer)
 		}
 		for _, h := range lk.holders() {
-			if len(hs) < k || h.token < hs[len(hs)-1].h.token {
-				hs = insertBounded(hs, hold{key, h}, k, older)
+			if t := s.attemptOf(h).token; len(hs) < k || t < hs[len(hs)-1].token {
+				hs = insertBounded(hs, hold{key, h, t}, k, older)
 			} else {
 				break // the rest of the key's holders have higher tokens
 			}
@@ -224,7 +225,7 @@ func (s *State) Contention(k int) (queues []KeyQueue, oldest []KeyHold) {
 		queues = append(queues, KeyQueue{Key: q.key, Waiters: len(q.k.waiters()), First: s.holders(q.k.waiters(), 1)[0]})
 	}
 	for _, h := range hs {
-		oldest = append(oldest, KeyHold{Key: h.key, Holder: s.holders([]slot{h.h}, 1)[0]})
+		oldest = append(oldest, KeyHold{Key: h.key, Holder: s.holders([]ref{h.h}, 1)[0]})
 	}
 	return queues, oldest
 }

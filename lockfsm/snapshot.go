@@ -137,7 +137,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 			e.arrayLen(holderFields)
 			e.uint(h.session)
 			e.uint(h.req)
-			e.uint(h.token)
+			e.uint(s.tokenOf(h))
 		}
 		e.arrayLen(len(k.waiters()))
 		for _, h := range k.waiters() {
@@ -357,12 +357,12 @@ func decodeSnapshot(b []byte) (*State, error) {
 			return nil, d.errorf("key %q not in ascending order after %q", key, prevKey)
 		}
 		prevKey = key
-		held, err := decodeSlots(d, "holders", holderFields, nil)
+		held, err := s.decodeSlots(d, "holders", holderFields)
 		if err != nil {
 			return nil, err
 		}
 		k.setHolders(held)
-		waiters, err := decodeSlots(d, "waiters", waiterFields, nil)
+		waiters, err := s.decodeSlots(d, "waiters", waiterFields)
 		if err != nil {
 			return nil, err
 		}
@@ -390,7 +390,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 // once per decoded copy. Verify has checked that the strings are equal.
 func (s *State) shareKeys() {
 	for key, k := range s.keys {
-		for _, list := range [2][]slot{k.holders(), k.waiters()} {
+		for _, list := range [2][]ref{k.holders(), k.waiters()} {
 			for _, h := range list {
 				s.sessions[h.session].reqs[h.req].key = key
 			}
@@ -398,23 +398,27 @@ func (s *State) shareKeys() {
 	}
 }
 
-// decodeSlots decodes a holder or waiter list into dst (empty, but maybe
-// with room for the first slot), or into a new slice if it does not fit.
-func decodeSlots(d *decoder, field string, fields int, dst []slot) ([]slot, error) {
+// decodeSlots decodes a holder or waiter list. A holder's token is not
+// kept (the holder's attempt has it) but must be its attempt's: one that
+// differs fails d. A holder whose attempt is missing is left for Verify.
+func (s *State) decodeSlots(d *decoder, field string, fields int) ([]ref, error) {
 	n, err := d.arrayLen(field, fields+1)
 	if err != nil || n == 0 {
-		return dst, err
+		return nil, err
 	}
-	if n > cap(dst) {
-		dst = make([]slot, 0, n)
-	}
-	out := dst[:n]
+	out := make([]ref, n)
 	for i := range out {
 		_ = d.record(field, fields)
 		out[i].session = d.uint("session", math.MaxUint64)
 		out[i].req = d.uint("req", math.MaxUint64)
-		if fields == holderFields {
-			out[i].token = d.uint("token", math.MaxUint64)
+		if fields != holderFields {
+			continue
+		}
+		token := d.uint("token", math.MaxUint64)
+		if sess := s.sessions[out[i].session]; sess != nil && sess.reqs[out[i].req] != nil {
+			if at := sess.reqs[out[i].req]; at.token != token {
+				d.fail("holder (%d,%d): token %d, its attempt's is %d", out[i].session, out[i].req, token, at.token)
+			}
 		}
 	}
 	return out, d.err
