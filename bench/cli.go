@@ -44,6 +44,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		idle      = fs.Duration("idle", 30*time.Second, "with -footprint: idle CPU window (0 skips)")
 		memLocks  = fs.String("memlocks", "100000", "with -footprint: comma-separated held-lock counts (empty skips)")
 		memTime   = fs.Duration("memtimeout", 5*time.Minute, "with -footprint: bound on taking one count's locks")
+		heapProfs = fs.String("heapprofiles", "", "with -footprint: write each lockmesh-3proc server's heap profile, holding the locks, into this directory")
 		cpuprof   = fs.String("cpuprofile", "", "write a CPU profile of the whole run (bench process) to this file")
 		pprofAddr = fs.String("pprof", "", "serve net/http/pprof on this 127.0.0.1 address during the run, e.g. 127.0.0.1:6060")
 	)
@@ -110,7 +111,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var fp *Footprint
 	if *footprint && runErr == nil {
 		f, err := MeasureFootprint(ctx, FootprintOptions{
-			Startups: *startups, Idle: *idle, Locks: locks, LockTimeout: *memTime, Progress: stdout,
+			Startups: *startups, Idle: *idle, Locks: locks, LockTimeout: *memTime, HeapProfiles: *heapProfs, Progress: stdout,
 		})
 		fp = &f
 		if err != nil {

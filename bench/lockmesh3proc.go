@@ -33,6 +33,9 @@ type lockmesh3Proc struct {
 	procs  []*Proc
 	logs   []string
 	client *node.Node
+	// http makes each server serve -http on a free loopback port
+	// (HTTPAddrs), for the footprint's heap profiles.
+	http bool
 }
 
 // peerModule is the module whose examples/peer is built.
@@ -120,12 +123,15 @@ func (s *lockmesh3Proc) Start(ctx context.Context) error {
 			}
 		}
 		logPath := filepath.Join(s.dir, name+".log")
-		proc, err := StartProc(s.dir, logPath, s.bin,
-			"-name", name,
+		args := []string{"-name", name,
 			"-data", filepath.Join(s.dir, name),
 			"-gossip", p.gossip, "-raft", p.raft, "-rpc", p.rpc,
 			"-expect", fmt.Sprint(n),
-			"-join", strings.Join(others, ","))
+			"-join", strings.Join(others, ",")}
+		if s.http {
+			args = append(args, "-http", "127.0.0.1:0")
+		}
+		proc, err := StartProc(s.dir, logPath, s.bin, args...)
 		if err != nil {
 			return err
 		}
@@ -185,6 +191,22 @@ func (s *lockmesh3Proc) Start(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// HTTPAddrs returns the servers' -http addresses, from the "http NAME
+// addr=ADDR" lines they printed; empty without http.
+func (s *lockmesh3Proc) HTTPAddrs() []string {
+	var addrs []string
+	for i, log := range s.logs {
+		b, _ := os.ReadFile(log)
+		prefix := fmt.Sprintf("http peer-%d addr=", i+1)
+		for line := range strings.Lines(string(b)) {
+			if a, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	return addrs
 }
 
 // Settle waits until the servers' controller has evened out shard

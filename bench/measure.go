@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -61,7 +63,11 @@ type FootprintOptions struct {
 	Locks       []int         // held-lock counts, each on a fresh cluster
 	LockTimeout time.Duration // bound on taking one count's locks
 	Concurrency int           // workers taking the locks (default 64)
-	Progress    io.Writer
+	// HeapProfiles, if set, is a directory where each lockmesh-3proc
+	// server's heap profile (after a GC) is written while it holds the
+	// locks: heap-peer-N-LOCKS.pb.gz, for go tool pprof.
+	HeapProfiles string
+	Progress     io.Writer
 }
 
 // MeasureFootprint measures start-up time, idle CPU per peer and memory per
@@ -189,6 +195,7 @@ func holdManyOnServers(ctx context.Context, n int, o FootprintOptions, mu *Memor
 		return err
 	}
 	s := sys.(*lockmesh3Proc)
+	s.http = o.HeapProfiles != ""
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	defer s.Stop()
@@ -219,6 +226,11 @@ func holdManyOnServers(ctx context.Context, n int, o FootprintOptions, mu *Memor
 		}
 	}
 	mu.ServerHeld = served.Held
+	if o.HeapProfiles != "" {
+		if err := saveHeapProfiles(ctx, s.HTTPAddrs(), o.HeapProfiles, n); err != nil {
+			return err
+		}
+	}
 	if served.Note != "" {
 		mu.Note += "; servers: " + served.Note
 	}
@@ -323,4 +335,34 @@ func joinFloats(fs []float64) string {
 		parts = append(parts, fmt.Sprintf("%.0f", f))
 	}
 	return strings.Join(parts, " / ")
+}
+
+// saveHeapProfiles writes the heap profile of each server at addrs (taken
+// after a GC, so it is the live heap) into dir as heap-peer-N-LOCKS.pb.gz.
+func saveHeapProfiles(ctx context.Context, addrs []string, dir string, locks int) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for i, addr := range addrs {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/debug/pprof/heap?gc=1", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return fmt.Errorf("heap profile of peer-%d: %w", i+1, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s", resp.Status)
+		}
+		if err != nil {
+			return fmt.Errorf("heap profile of peer-%d: %w", i+1, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("heap-peer-%d-%d.pb.gz", i+1, locks)), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }

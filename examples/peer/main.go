@@ -57,10 +57,12 @@
 //	                   dragonboat's Raft metrics (node.WriteRaftMetrics), as one
 //	                   Prometheus text exposition
 //	/debug/lockmesh/   the status page and its JSON (Node.Handler); / redirects here
+//	/debug/pprof/      Go's profiles (net/http/pprof): go tool pprof http://ADDR/debug/pprof/heap
 //
 // docs/OBSERVABILITY.md has a Prometheus scrape config and the
 // Grafana dashboard for it. The status page shows key names, peer
-// addresses, sessions and fencing tokens, and neither endpoint asks who
+// addresses, sessions and fencing tokens, the profiles show stacks and
+can cost CPU while they run, and no endpoint asks who
 // is calling: keep ADDR on loopback or on an operators' network, never
 // public. Like the peer's other addresses, an ADDR other than loopback
 // needs -insecure.
@@ -559,7 +561,7 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.BoolVar(&cfg.version, "version", false, "print the release and the feature levels it speaks, and exit")
 	fs.BoolVar(&cfg.reportServing, "report-serving", false, "once ready, wait until every lock shard serves through this peer (Node.WaitServing) and print a serving line")
 	fs.StringVar(&cfg.reportLeader, "report-leader", "", "print a leader line whenever this peer's view of the leader of `key`'s shard changes")
-	fs.StringVar(&cfg.httpAddr, "http", "", "serve /metrics (Prometheus) and the status page (/debug/lockmesh/) on `host:port`; empty serves none. The page shows key names: never expose it publicly")
+	fs.StringVar(&cfg.httpAddr, "http", "", "serve /metrics (Prometheus), the status page (/debug/lockmesh/) and Go's profiles (/debug/pprof/) on `host:port`; empty serves none. The page shows key names: never expose it publicly")
 	fs.StringVar(&cfg.probeFamily, "probe-family", "", "try a read lock of `key` every 100ms and print a family line whenever the outcome changes (the lock family needs feature level 3)")
 
 	finish = func() error {

@@ -125,6 +125,12 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("m1's /metrics has no dragonboat_ series: Raft metrics are not appended")
 	}
 
+	// Go's profiles are served next to the metrics: the goroutine dump
+	// names the node's own goroutines.
+	if body := get(t, scraper, "http://"+m1+"/debug/pprof/goroutine?debug=1"); !strings.Contains(body, "lockmesh/lockmesh/node.") {
+		t.Errorf("m1's /debug/pprof/goroutine does not list the node's goroutines:\n%.500s", body)
+	}
+
 	// Every peer: the key nowhere, and every lockmesh_ name one the
 	// dashboard may use. Together the three peers lead every shard, so
 	// they report every kind of instrument (histogram, counter,
@@ -234,6 +240,21 @@ type exposition struct {
 	body  string
 	fams  map[string]*dto.MetricFamily
 	names []string // sample names, in order of first appearance
+}
+
+// get returns the body of a GET of url, failing t unless it is 200 OK.
+func get(t *testing.T, client *http.Client, url string) string {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v: %.300s", url, resp.Status, err, b)
+	}
+	return string(b)
 }
 
 // scrape gets addr's /metrics, as a Prometheus server asking for

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -100,6 +101,11 @@ func newHTTPMux(n *node.Node, reg *prometheus.Registry) *http.ServeMux {
 	mux.Handle("GET /metrics", metricsHandler(reg))
 	mux.Handle(statusPrefix+"/", http.StripPrefix(statusPrefix, n.Handler()))
 	mux.Handle("GET /{$}", http.RedirectHandler(statusPrefix+"/", http.StatusFound))
+	// Go's profiles, as etcd and Consul serve them, for "where do this
+	// peer's CPU and memory go" (go tool pprof http://ADDR/debug/pprof/heap).
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	return mux
 }
 
