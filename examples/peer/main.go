@@ -62,7 +62,7 @@
 // docs/OBSERVABILITY.md has a Prometheus scrape config and the
 // Grafana dashboard for it. The status page shows key names, peer
 // addresses, sessions and fencing tokens, the profiles show stacks and
-can cost CPU while they run, and no endpoint asks who
+// can cost CPU while they run, and no endpoint asks who
 // is calling: keep ADDR on loopback or on an operators' network, never
 // public. Like the peer's other addresses, an ADDR other than loopback
 // needs -insecure.
