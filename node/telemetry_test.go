@@ -311,6 +311,9 @@ func lostCount(m metricdata.Metrics, reason string) int64 {
 // through a peer's whole life and must neither fail nor panic.
 func TestMetricsCollectedThroughStartAndClose(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
+	// The provider registers the reader: a Collect before that fails
+	// ("reader is not registered") whatever the peer does.
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	done := make(chan struct{})
 	collected := make(chan int)
 	go func() {
@@ -330,7 +333,7 @@ func TestMetricsCollectedThroughStartAndClose(t *testing.T) {
 		}
 	}()
 	peers := startClusterWith(t, clusterOpts{peers: 1}, func(_ int, c *Config) {
-		c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		c.MeterProvider = provider
 	})
 	if _, err := peers[0].node.Lock(context.Background(), "collected"); err != nil {
 		t.Fatal(err)
