@@ -260,6 +260,25 @@ type cluster struct {
 	// lostOK lets await take "lost" lines: the scenario expects leases to
 	// end, and an observer judges them.
 	lostOK bool
+
+	// reserved holds the loopback ports layout handed out, each still
+	// bound by the test until the process given it starts (release): a
+	// port closed at once could be taken meanwhile by any socket on the
+	// machine, such as the running servers' outgoing connections, whose
+	// source ports come from the same ephemeral range.
+	reserved map[string][]func() error
+}
+
+// release closes the reservations of the addresses among args.
+func (c *cluster) release(args ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, a := range args {
+		for _, close := range c.reserved[a] {
+			_ = close()
+		}
+		delete(c.reserved, a)
+	}
 }
 
 type event struct {
@@ -276,10 +295,15 @@ type proc struct {
 }
 
 func newCluster(t *testing.T, bin string) *cluster {
-	c := &cluster{t: t, bin: bin, dir: t.TempDir(), events: make(chan event, 1024)}
+	c := &cluster{t: t, bin: bin, dir: t.TempDir(), events: make(chan event, 1024), reserved: map[string][]func() error{}}
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		for _, closers := range c.reserved {
+			for _, close := range closers {
+				_ = close()
+			}
+		}
 		for _, p := range c.procs {
 			_ = p.cmd.Process.Kill()
 		}
@@ -305,6 +329,7 @@ func (c *cluster) start(name string, args ...string) *proc {
 // startBin is start with another build of the program (upgrade tests).
 func (c *cluster) startBin(bin, name string, args ...string) *proc {
 	c.t.Helper()
+	c.release(args...)
 	p := &proc{name: name, cmd: exec.Command(bin, args...), stderr: &tailBuffer{max: 64 << 10}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.stderr
 	stdout, err := p.cmd.StdoutPipe()
@@ -432,6 +457,11 @@ func token(t *testing.T, e event) uint64 {
 func (c *cluster) startServers(servers []string, args map[string][]string, joinAllBut func(string) string) map[string]*proc {
 	procs := map[string]*proc{}
 	expect := strconv.Itoa(len(servers))
+	// Every server's ports are free before the first one starts and joins
+	// the others.
+	for _, s := range servers {
+		c.release(args[s]...)
+	}
 	for _, s := range servers {
 		procs[s] = c.start(s, append(args[s], "-expect", expect, "-join", joinAllBut(s))...)
 	}
@@ -448,7 +478,7 @@ func (c *cluster) startServers(servers []string, args map[string][]string, joinA
 func (c *cluster) layout(t *testing.T, servers, others []string, ttl string) (args map[string][]string, joinAllBut func(self string) string) {
 	t.Helper()
 	names := append(append([]string(nil), servers...), others...)
-	addrs := freeAddrs(t, 3*len(names))
+	addrs := c.reserve(t, 3*len(names))
 	gossip := map[string]string{}
 	args = map[string][]string{}
 	for i, name := range names {
@@ -484,13 +514,15 @@ func buildPeer(t *testing.T, tags ...string) string {
 	return bin
 }
 
-func freeAddrs(t *testing.T, n int) []string {
+// reserve returns n free loopback addresses, TCP and UDP free on each
+// port (memberlist uses both), and keeps them bound until release.
+func (c *cluster) reserve(t *testing.T, n int) []string {
 	t.Helper()
 	var addrs []string
-	var closers []func() error
+	var skipped []net.Listener // held until the end, so no port comes twice
 	defer func() {
-		for _, c := range closers {
-			_ = c()
+		for _, l := range skipped {
+			_ = l.Close()
 		}
 	}()
 	for len(addrs) < n {
@@ -498,13 +530,16 @@ func freeAddrs(t *testing.T, n int) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		closers = append(closers, l.Close)
 		u, err := net.ListenPacket("udp", l.Addr().String())
 		if err != nil {
+			skipped = append(skipped, l)
 			continue // UDP side taken: try another port
 		}
-		closers = append(closers, u.Close)
-		addrs = append(addrs, l.Addr().String())
+		a := l.Addr().String()
+		c.mu.Lock()
+		c.reserved[a] = []func() error{l.Close, u.Close}
+		c.mu.Unlock()
+		addrs = append(addrs, a)
 	}
 	return addrs
 }
