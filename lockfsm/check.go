@@ -131,8 +131,7 @@ func (s *State) Verify() error {
 		return fmt.Errorf("%d live attempts in sessions, %d holders and waiters in keys", attempts, live)
 	}
 	for r, ms := range s.maxHold {
-		sess := s.sessions[r.session]
-		if ms == 0 || sess == nil || sess.reqs[r.req] == nil || !sess.reqs[r.req].state.live() {
+		if at := s.lookup(r); ms == 0 || at == nil || !at.state.live() {
 			return fmt.Errorf("maximum hold %dms kept for (%d,%d), which is not a live attempt", ms, r.session, r.req)
 		}
 	}

@@ -216,11 +216,20 @@ func (s *State) used(k *lockKey) uint32 {
 
 func (s *State) attemptOf(h ref) *attempt { return s.sessions[h.session].reqs[h.req] }
 
-// tokenOf returns the token of the attempt h, 0 if there is no such attempt
-// (a state Verify would refuse, which Save still writes as it is).
+// lookup is attemptOf for an attempt that may not exist: nil then, as for
+// a state Verify would refuse (Save still writes it as it is) or one
+// being decoded.
+func (s *State) lookup(h ref) *attempt {
+	if sess := s.sessions[h.session]; sess != nil {
+		return sess.reqs[h.req]
+	}
+	return nil
+}
+
+// tokenOf returns the token of the attempt h, 0 if there is no such attempt.
 func (s *State) tokenOf(h ref) uint64 {
-	if sess := s.sessions[h.session]; sess != nil && sess.reqs[h.req] != nil {
-		return sess.reqs[h.req].token
+	if at := s.lookup(h); at != nil {
+		return at.token
 	}
 	return 0
 }

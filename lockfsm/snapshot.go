@@ -415,10 +415,8 @@ func (s *State) decodeSlots(d *decoder, field string, fields int) ([]ref, error)
 			continue
 		}
 		token := d.uint("token", math.MaxUint64)
-		if sess := s.sessions[out[i].session]; sess != nil && sess.reqs[out[i].req] != nil {
-			if at := sess.reqs[out[i].req]; at.token != token {
-				d.fail("holder (%d,%d): token %d, its attempt's is %d", out[i].session, out[i].req, token, at.token)
-			}
+		if at := s.lookup(out[i]); at != nil && at.token != token {
+			d.fail("holder (%d,%d): token %d, its attempt's is %d", out[i].session, out[i].req, token, at.token)
 		}
 	}
 	return out, d.err
