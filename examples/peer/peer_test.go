@@ -274,11 +274,16 @@ func (c *cluster) release(args ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, a := range args {
-		for _, close := range c.reserved[a] {
-			_ = close()
-		}
-		delete(c.reserved, a)
+		c.unreserve(a)
 	}
+}
+
+// unreserve closes addr's reservation, if any; c.mu must be held.
+func (c *cluster) unreserve(addr string) {
+	for _, close := range c.reserved[addr] {
+		_ = close()
+	}
+	delete(c.reserved, addr)
 }
 
 type event struct {
@@ -299,10 +304,8 @@ func newCluster(t *testing.T, bin string) *cluster {
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		for _, closers := range c.reserved {
-			for _, close := range closers {
-				_ = close()
-			}
+		for a := range c.reserved {
+			c.unreserve(a)
 		}
 		for _, p := range c.procs {
 			_ = p.cmd.Process.Kill()
