@@ -32,16 +32,23 @@
 //     controller runs on its leader), except that a member may mark
 //     itself draining (Leave).
 //  6. Grant notices come only from members hosting the shard.
-//  7. Bootstrap: a commit is adopted only for the plan this peer promised
-//     (with or without identity), and with identity, prepare, commit and
-//     abort come only from a founder the plan lists.
+//  7. Bootstrap: only a founder (BootstrapExpect above 0) promises a
+//     plan, and only a plan whose coordinator gossip shows as a member
+//     free to found a cluster; with identity the prepare must come from
+//     that coordinator. A commit is adopted only for the plan this peer
+//     promised (with or without identity), and with identity, commit and
+//     abort come only from a founder the plan lists. A joiner promises
+//     nothing, so it adopts no commit: it takes its layout only by asking
+//     a member.
 package authz
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
@@ -265,8 +272,33 @@ func marksDraining(cur, next *layout.Placement) (string, bool) {
 	return name, true
 }
 
-// BootstrapCall applies rule 7's identity part to a prepare, commit or
-// abort: with identity, the caller is a founder the plan lists.
+// BootstrapPrepare applies rule 7 to a prepare (phase one), with or
+// without identity. founder says this peer founds clusters (its
+// BootstrapExpect is above 0): a joiner refuses every prepare, or whoever
+// reaches its port could make it promise, and then commit, a plan of
+// theirs. The plan's coordinator is its founder first by name (the one
+// cluster.Decide lets coordinate); free reports whether gossip shows a
+// peer as an alive member free to found a cluster, with the NodeHostID
+// the plan gives it. With identity the caller must be the coordinator.
+func BootstrapPrepare(c Caller, founder bool, plan *layout.Placement, free func(layout.Peer) bool) error {
+	if !founder {
+		return forbidden("bootstrap prepare: this peer founds no cluster (BootstrapExpect 0); it joins one by asking a member")
+	}
+	if len(plan.Peers) == 0 {
+		return forbidden("bootstrap prepare: the plan lists no founder")
+	}
+	coord := slices.MinFunc(plan.Peers, func(a, b layout.Peer) int { return cmp.Compare(a.Name, b.Name) })
+	if !c.Anonymous() && !c.Is(coord.Name) {
+		return forbidden("bootstrap prepare: only the plan's coordinator %q may send it, not %s", coord.Name, c)
+	}
+	if free == nil || !free(coord) {
+		return forbidden("bootstrap prepare: gossip shows the plan's coordinator %q as no alive member free to found a cluster", coord.Name)
+	}
+	return nil
+}
+
+// BootstrapCall applies rule 7's identity part to a commit or abort: with
+// identity, the caller is a founder the plan lists.
 func BootstrapCall(c Caller, plan *layout.Placement, what string) error {
 	if c.Anonymous() {
 		return nil

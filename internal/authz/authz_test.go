@@ -12,6 +12,7 @@ var (
 	anon    = Caller{}
 	api1    = Caller{Names: []string{"api-1", "localhost"}}
 	api2    = Caller{Names: []string{"api-2"}}
+	api3    = Caller{Names: []string{"api-3"}}
 	mallory = Caller{Names: []string{"mallory"}}
 )
 
@@ -184,7 +185,7 @@ func TestLayoutChange(t *testing.T) {
 
 func TestBootstrap(t *testing.T) {
 	plan := testLayout()
-	check(t, "founder", BootstrapCall(api1, plan, "prepare"), true)
+	check(t, "founder", BootstrapCall(api1, plan, "commit"), true)
 	check(t, "stranger", BootstrapCall(mallory, plan, "commit"), false)
 	check(t, "anonymous", BootstrapCall(anon, plan, "abort"), true)
 
@@ -198,4 +199,50 @@ func TestBootstrap(t *testing.T) {
 	check(t, "commit of the promised plan", BootstrapCommit(raw, raw), true)
 	check(t, "commit without a promise (a joiner)", BootstrapCommit(nil, raw), false)
 	check(t, "commit of another plan", BootstrapCommit(raw, rawOther), false)
+}
+
+// Rule 7 on a prepare: who may make a peer promise a plan. plan's
+// coordinator is api-1 (first by name); gossip is what the accepting peer
+// sees, the founders free to found a cluster.
+func TestBootstrapPrepare(t *testing.T) {
+	plan := testLayout()
+	captured := layout.New(9, 4, 2, layout.KeySchemeHashTag, []layout.Peer{
+		{Name: "api-1", NodeHostID: "h1"}, {Name: "mallory", NodeHostID: "hm"},
+	})
+	unsorted := testLayout()
+	unsorted.Peers[0], unsorted.Peers[2] = unsorted.Peers[2], unsorted.Peers[0]
+	all := map[string]string{"api-1": "h1", "api-2": "h2", "api-3": "h3"}
+	gossip := func(free map[string]string) func(layout.Peer) bool {
+		return func(pe layout.Peer) bool { id, ok := free[pe.Name]; return ok && id == pe.NodeHostID }
+	}
+	for _, tc := range []struct {
+		what    string
+		c       Caller
+		founder bool
+		plan    *layout.Placement
+		free    map[string]string
+		allowed bool
+	}{
+		{"the coordinator to a founder", api1, true, plan, all, true},
+		{"anonymous, the coordinator alive", anon, true, plan, all, true},
+		{"anything to a joiner", api1, false, plan, all, false},
+		{"anonymous to a joiner", anon, false, plan, all, false},
+		{"a founder that does not coordinate", api2, true, plan, all, false},
+		{"a stranger listing itself as a founder", mallory, true, captured, all, false},
+		{"a stranger listing itself as the coordinator", mallory, true, layout.New(9, 4, 2, layout.KeySchemeHashTag, []layout.Peer{{Name: "api-9"}, {Name: "mallory"}}), all, false},
+		{"the coordinator not alive in gossip", api1, true, plan, map[string]string{"api-2": "h2", "api-3": "h3"}, false},
+		{"anonymous, the coordinator not alive in gossip", anon, true, plan, map[string]string{"api-2": "h2"}, false},
+		{"the coordinator gossiping another NodeHostID", api1, true, plan, map[string]string{"api-1": "h9"}, false},
+		{"anonymous, a stranger coordinating", anon, true, layout.New(9, 4, 2, layout.KeySchemeHashTag, []layout.Peer{{Name: "api-2", NodeHostID: "h2"}, {Name: "a-mallory", NodeHostID: "hm"}}), all, false},
+		{"peers out of order: the first by name coordinates", api1, true, unsorted, all, true},
+		{"peers out of order: not the first listed", api3, true, unsorted, all, false},
+		{"no gossip", api1, true, plan, nil, false},
+		{"a plan of no founders", anon, true, &layout.Placement{ClusterID: 9}, all, false},
+	} {
+		var free func(layout.Peer) bool
+		if tc.free != nil {
+			free = gossip(tc.free)
+		}
+		check(t, tc.what, BootstrapPrepare(tc.c, tc.founder, tc.plan, free), tc.allowed)
+	}
 }

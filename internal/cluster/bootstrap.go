@@ -28,7 +28,10 @@ import (
 //  2. Phase one, prepare ([Promises.Prepare]): each founder promises the
 //     plan, and refuses any plan of another cluster id for [PromiseTTL]
 //     after its last promise. A promise that lapses (its coordinator died
-//     between the phases) may be replaced by another plan.
+//     between the phases) may be replaced by another plan. Only a founder
+//     promises, and only a plan whose coordinator it sees in gossip as
+//     free to found a cluster ([MayFound]; authz.BootstrapPrepare): a
+//     joiner promises nothing.
 //  3. An abort from the plan's coordinator ([Promises.Abort]) withdraws
 //     the promise of that cluster id, and only that one.
 //  4. Phase two, commit: a founder adopts a plan received over the network
@@ -85,6 +88,14 @@ func Decide(members []mesh.Member, self string, expect int) Formation {
 		return Formation{}
 	}
 	return Formation{Founders: free}
+}
+
+// MayFound reports whether gossip shows m as a member free to found a
+// cluster as rule 1 counts it: alive, gossiping a NodeHostID and an RPC
+// address, in no cluster, neither join-only nor NoReplicas.
+func MayFound(m mesh.Member) bool {
+	return m.State == mesh.StateAlive && m.Meta.NodeHostID != "" && m.Meta.RPCAddr != "" &&
+		m.Meta.Cluster == 0 && !m.Meta.JoinOnly && !m.Meta.NoReplicas
 }
 
 // NewPlan is the layout a coordinator proposes for cluster id over the

@@ -142,23 +142,33 @@ func (s *Service) ServeBootstrap(ctx context.Context, method uint8, body []byte)
 			s.promises.Abort(cid)
 		}
 		return nil, nil
+	case ms.Prepare, ms.Commit:
+	default:
+		return nil, fmt.Errorf("unknown bootstrap method %d", method)
 	}
 	p, err := layout.Decode(body)
 	if err != nil {
 		return nil, err
 	}
-	if self, ok := p.Peer(s.cfg.Name); !ok || self.NodeHostID != s.replicas.ID() {
-		return nil, lockerr.RPC(lockerr.CodeRejected, "plan does not list peer %s with NodeHostID %s", s.cfg.Name, s.replicas.ID())
+	// Authorized before anything about this peer is compared with the
+	// plan, and the refusal names no NodeHostID: a stranger learnt a
+	// joiner's from it, then sent the plan that captured the joiner.
+	if method == ms.Prepare {
+		err = s.authorizePrepare(ctx, p)
+	} else {
+		err = s.authorizeBootstrap(ctx, p, "commit")
 	}
-	what := map[uint8]string{ms.Prepare: "prepare", ms.Commit: "commit"}[method]
-	if err := s.authorizeBootstrap(ctx, p, what); err != nil {
+	if err != nil {
 		return nil, err
+	}
+	if self, ok := p.Peer(s.cfg.Name); !ok || self.NodeHostID != s.replicas.ID() {
+		return nil, lockerr.RPC(lockerr.CodeRejected, "the plan does not list peer %s with its NodeHostID", s.cfg.Name)
 	}
 	if method == ms.Prepare {
 		s.bootMu.Lock()
 		defer s.bootMu.Unlock()
-		if cur := s.placement.Load(); cur != nil {
-			return nil, lockerr.RPC(lockerr.CodeRejected, "peer %s already belongs to cluster %d", s.cfg.Name, cur.ClusterID)
+		if s.placement.Load() != nil {
+			return nil, lockerr.RPC(lockerr.CodeRejected, "peer %s already belongs to a cluster", s.cfg.Name)
 		}
 		if err := s.promises.Prepare(p, body, s.cfg.Now()); err != nil {
 			return nil, lockerr.RPC(lockerr.CodeRejected, "peer %s promised another plan", s.cfg.Name)
@@ -166,25 +176,36 @@ func (s *Service) ServeBootstrap(ctx context.Context, method uint8, body []byte)
 		s.adopting.Store(p) // its founders' Raft connections are expected
 		return nil, nil
 	}
-	if method == ms.Commit {
-		// Only the plan this peer promised: anyone else's commit, or one
-		// sent to a joiner that promised nothing, would write a foreign
-		// cluster into the data dir.
-		s.bootMu.Lock()
-		promised := s.promises.Promised()
-		s.bootMu.Unlock()
-		if cur := s.placement.Load(); cur == nil && !s.cfg.UnsafeNoAuthz {
-			if err := authz.BootstrapCommit(promised, body); err != nil {
-				return nil, s.local.Refused(err)
-			}
+	// Only the plan this peer promised: anyone else's commit, or one sent
+	// to a joiner that promised nothing, would write a foreign cluster
+	// into the data dir.
+	s.bootMu.Lock()
+	promised := s.promises.Promised()
+	s.bootMu.Unlock()
+	if cur := s.placement.Load(); cur == nil && !s.cfg.UnsafeNoAuthz {
+		if err := authz.BootstrapCommit(promised, body); err != nil {
+			return nil, s.local.Refused(err)
 		}
-		return nil, s.commitPlan(p)
 	}
-	return nil, fmt.Errorf("unknown bootstrap method %d", method)
+	return nil, s.commitPlan(p)
 }
 
-// authorizeBootstrap applies authz.BootstrapCall: with identity, a
-// bootstrap call comes from a founder plan lists.
+// authorizePrepare applies authz.BootstrapPrepare: only a founder
+// promises, and only a plan whose coordinator gossip shows free to found
+// a cluster (MayFound), the caller itself when it has an identity.
+func (s *Service) authorizePrepare(ctx context.Context, plan *layout.Placement) error {
+	if s.cfg.UnsafeNoAuthz {
+		return nil
+	}
+	free := func(pe layout.Peer) bool {
+		m, ok := s.mesh.Member(pe.Name)
+		return ok && MayFound(m) && m.Meta.NodeHostID == pe.NodeHostID
+	}
+	return s.local.Refused(authz.BootstrapPrepare(s.local.Caller(ctx), s.cfg.BootstrapExpect > 0, plan, free))
+}
+
+// authorizeBootstrap applies authz.BootstrapCall to a commit or abort:
+// with identity, it comes from a founder plan lists.
 func (s *Service) authorizeBootstrap(ctx context.Context, plan *layout.Placement, what string) error {
 	if s.cfg.UnsafeNoAuthz {
 		return nil
@@ -198,7 +219,7 @@ func (s *Service) commitPlan(p *layout.Placement) error {
 	defer s.bootMu.Unlock()
 	if cur := s.placement.Load(); cur != nil {
 		if cur.ClusterID != p.ClusterID {
-			return lockerr.RPC(lockerr.CodeRejected, "peer %s already belongs to cluster %d", s.cfg.Name, cur.ClusterID)
+			return lockerr.RPC(lockerr.CodeRejected, "peer %s already belongs to another cluster", s.cfg.Name)
 		}
 		return nil
 	}
