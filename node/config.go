@@ -105,7 +105,11 @@ type Config struct {
 	// the cluster replaces its replicas on other peers (default 30s). A
 	// peer that comes back later joins again as a new peer.
 	DeadAfter time.Duration
-	// GossipKey enables memberlist encryption (16, 24 or 32 bytes).
+	// GossipKey enables memberlist encryption (16, 24 or 32 bytes, the
+	// same on every peer). Validate requires it whenever TLS or RaftTLS is
+	// set, on loopback too: gossip decides who is a member, so without a
+	// key anyone with a certificate of the CA joins gossip and is admitted
+	// (given replicas), and the certificates would protect nothing.
 	GossipKey []byte
 	// Insecure lets a peer listen on an address other than loopback
 	// without GossipKey, RaftTLS and TLS all set. Validate refuses such a
@@ -138,7 +142,8 @@ type Config struct {
 
 	// TLS secures lockmesh's own peer-to-peer transport. The same config
 	// serves and dials, so give it Certificates, RootCAs, ClientCAs and
-	// ClientAuth: tls.RequireAndVerifyClientCert for mutual TLS. Nil means
+	// ClientAuth: tls.RequireAndVerifyClientCert for mutual TLS, and set
+	// GossipKey with it (Validate refuses TLS without one). Nil means
 	// plaintext, which is logged as a warning.
 	TLS *tls.Config
 	// RaftTLS enables mutual TLS on the Raft transport (internal/raftnet
@@ -146,7 +151,8 @@ type Config struct {
 	// certificate of the CA that names a peer of the layout. Zero means
 	// plaintext, which is logged as a warning.
 	// Set TLS too: lock commands also travel over lockmesh's own transport,
-	// so a peer that can reach the RPC port unauthenticated can lock.
+	// so a peer that can reach the RPC port unauthenticated can lock. Like
+	// TLS, it needs GossipKey.
 	RaftTLS RaftTLS
 
 	// MeterProvider receives lockmesh's metrics (docs/OBSERVABILITY.md

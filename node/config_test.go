@@ -7,9 +7,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
 
 func TestConfigValidate(t *testing.T) {
+	ca := transporttest.NewCA(t)
 	good := func() Config {
 		return Config{
 			Name: "p1", DataDir: "/tmp/x", GossipAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:7000",
@@ -52,6 +55,7 @@ func TestConfigValidate(t *testing.T) {
 			c.RaftTLS = RaftTLS{CAFile: "/nonexistent/ca.pem", CertFile: "/nonexistent/c.pem", KeyFile: "/nonexistent/k.pem"}
 		}, "RaftTLS.CAFile: stat /nonexistent/ca.pem"},
 		{"joining, too many shards", func(c *Config) { c.BootstrapExpect, c.Join, c.Shards = 0, []string{"127.0.0.1:7946"}, 5000 }, "Shards 5000"},
+		{"TLS without a gossip key", func(c *Config) { c.TLS = ca.Issue(c.Name) }, "TLS is set without GossipKey: set GossipKey too"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -203,9 +203,12 @@ func (s *victimScene) sessionAttacks(a *attacker) map[string]error {
 	return out
 }
 
+// tlsCluster starts three peers with TLS certificates of ca and a gossip
+// key, which Validate requires with TLS.
 func tlsCluster(t *testing.T, ca *transporttest.CA, hook func(*testHooks)) []*testPeer {
+	key := randomKey(t, 32)
 	return startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, ttl: 2 * time.Second,
-		mutate: func(c *Config) { c.TLS = ca.Issue(c.Name) }, hook: hook})
+		mutate: func(c *Config) { c.GossipKey, c.TLS = key, ca.Issue(c.Name) }, hook: hook})
 }
 
 // A stranger with a certificate of the cluster's CA, and a compromised

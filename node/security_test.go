@@ -258,9 +258,12 @@ func TestSecurityRaftTLS(t *testing.T) {
 		return len(v.(replica.Answer).Sessions)
 	}
 
+	// Validate requires a GossipKey with RaftTLS; what differs is only
+	// the Raft certificates.
+	key := randomKey(t, 32)
 	t.Run("SameCA", func(t *testing.T) {
 		peers := startClusterWith(t, clusterOpts{peers: 3, rf: 3}, func(_ int, c *Config) {
-			c.RaftTLS = raftFiles(ca1, dir, c.Name)
+			c.GossipKey, c.RaftTLS = key, raftFiles(ca1, dir, c.Name)
 		})
 		lockAndUnlock(t, peers[2].node, "raft/a")
 		// Control for the observable used below: with good certificates
@@ -274,7 +277,7 @@ func TestSecurityRaftTLS(t *testing.T) {
 			if i == 2 {
 				ca = ca2
 			}
-			c.RaftTLS = raftFiles(ca, dir, c.Name)
+			c.GossipKey, c.RaftTLS = key, raftFiles(ca, dir, c.Name)
 		})
 		good, odd := peers[0].node, peers[2].node
 		ctx := ctxT(t, 10*time.Second)
@@ -316,13 +319,14 @@ func TestSecurityRaftTLS(t *testing.T) {
 // with a certificate from the right CA reaches the handler.
 func TestSecurityRPCTLS(t *testing.T) {
 	ca, other := transporttest.NewCA(t), transporttest.NewCA(t)
-	peers := startClusterWith(t, clusterOpts{peers: 3, rf: 3}, func(_ int, c *Config) { c.TLS = ca.Issue(c.Name) })
+	key := randomKey(t, 32) // Validate requires it with TLS
+	peers := startClusterWith(t, clusterOpts{peers: 3, rf: 3}, func(_ int, c *Config) { c.GossipKey, c.TLS = key, ca.Issue(c.Name) })
 	lockAndUnlock(t, peers[0].node, "rpc/a")
 
 	// A joiner hosts no replica, so its locks, keepalives and grant
 	// notifications all cross the TLS transport.
 	joiner := &testPeer{cfg: joinerConfig(t, "joiner", peers)}
-	joiner.cfg.TLS = ca.Issue("joiner")
+	joiner.cfg.GossipKey, joiner.cfg.TLS = key, ca.Issue("joiner")
 	joiner.start(t)
 	t.Cleanup(joiner.stop)
 	joiner.waitReady(t)

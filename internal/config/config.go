@@ -1,6 +1,6 @@
 // Package config holds the rules a peer's configuration must follow:
 // which addresses it may listen on, which protections an exposed peer
-// needs, the ranges of its sizes and durations, and what its TLS config
+// needs (and that TLS needs a gossip key wherever it runs), the ranges of its sizes and durations, and what its TLS config
 // must verify. node.Config is the public type, with the docs users read;
 // node copies its fields, defaults applied, into a Peer and wraps what
 // Check returns in ErrInvalidConfig. The rules read nothing else (the
@@ -150,6 +150,27 @@ func Check(p Peer, d Defaults) error {
 			if _, err := os.Stat(f.path); err != nil {
 				return fmt.Errorf("RaftTLS.%s: %v", f.field, err)
 			}
+		}
+	}
+	// Identity rests on gossip: a gossip member is a known peer, and the
+	// controller admits one that proves its name with a certificate of
+	// the CA. Without a key, any holder of such a certificate joins
+	// gossip and is given replicas, the meta shard's among them, so TLS
+	// alone would promise what it does not keep, on loopback too.
+	if len(p.GossipKey) == 0 {
+		var set []string
+		if p.TLS != nil {
+			set = append(set, "TLS")
+		}
+		if p.RaftTLS() {
+			set = append(set, "RaftTLS")
+		}
+		if len(set) > 0 {
+			verb := "is"
+			if len(set) > 1 {
+				verb = "are"
+			}
+			return fmt.Errorf("%s %s set without GossipKey: set GossipKey too (16, 24 or 32 random bytes, the same on every peer); without it, anyone with a certificate of the CA joins gossip and is admitted as a member", joinAnd(set), verb)
 		}
 	}
 	return nil

@@ -142,6 +142,20 @@ func TestCheckExposed(t *testing.T) {
 		{"raft TLS and key missing", with(secure(base("127.0.0.1:0", "192.168.1.2:7000", "127.0.0.1:0")), func(p *Peer) {
 			p.RaftCAFile, p.RaftCertFile, p.RaftKeyFile, p.GossipKey = "", "", "", nil
 		}), "set GossipKey and RaftTLS, or set Insecure"},
+		// Finding 6 of issue 27: with TLS but no key, a certificate of the
+		// CA for any name joined gossip and was given replicas, the meta
+		// shard's among them, within half a second. On loopback too.
+		{"all protected on loopback", secure(loopback()), ""},
+		{"TLS without a gossip key on loopback", with(secure(loopback()), func(p *Peer) {
+			p.GossipKey, p.RaftCAFile, p.RaftCertFile, p.RaftKeyFile = nil, "", "", ""
+		}), "TLS is set without GossipKey: set GossipKey too"},
+		{"RaftTLS without a gossip key on loopback", with(secure(loopback()), func(p *Peer) { p.GossipKey, p.TLS = nil, nil }),
+			"RaftTLS is set without GossipKey: set GossipKey too"},
+		{"TLS and RaftTLS without a gossip key on loopback", with(secure(loopback()), func(p *Peer) { p.GossipKey = nil }),
+			"TLS and RaftTLS are set without GossipKey: set GossipKey too"},
+		{"TLS and RaftTLS without a gossip key, Insecure", with(secure(exposed), func(p *Peer) { p.GossipKey, p.Insecure = nil, true }),
+			"TLS and RaftTLS are set without GossipKey"},
+		{"a gossip key alone on loopback", with(loopback(), func(p *Peer) { p.GossipKey = key }), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) { check(t, tc.peer, tc.want) })
 	}
