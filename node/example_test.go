@@ -214,6 +214,37 @@ func ExampleNode_Handler() {
 	// Output: 200 example 2
 }
 
+// An application serving the status page under its own name allows that
+// name; the page refuses any other Host that is not loopback, as a web
+// page using DNS rebinding would send.
+func ExampleWithAllowedHosts() {
+	n, stop := startExamplePeer()
+	defer stop()
+
+	mux := http.NewServeMux()
+	mux.Handle("/debug/lockmesh/", http.StripPrefix("/debug/lockmesh", n.Handler(node.WithAllowedHosts("app-7.ops.example"))))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for _, host := range []string{"app-7.ops.example", "127.0.0.1", "rebound.evil.example"} {
+		req, err := http.NewRequest("GET", srv.URL+"/debug/lockmesh/status.json", nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		req.Host = host // what a browser sends for http://HOST:PORT/
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println(host, resp.StatusCode)
+	}
+	// Output:
+	// app-7.ops.example 200
+	// 127.0.0.1 200
+	// rebound.evil.example 421
+}
+
 // A Session owns the locks taken through it, on every shard, with a TTL of
 // its own; closing it releases them all at once.
 func ExampleNode_NewSession() {

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/hostguard"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -65,10 +66,17 @@ var statusAssets = map[string]string{
 type statusHandler struct {
 	src     statusSource
 	timeout time.Duration
+	// hosts are the names besides loopback and localhost that requests
+	// may address (WithAllowedHosts).
+	hosts []string
 }
 
-func newStatusHandler(src statusSource) *statusHandler {
-	return &statusHandler{src: src, timeout: statusTimeout}
+func newStatusHandler(src statusSource, opts ...HandlerOption) *statusHandler {
+	var o handlerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &statusHandler{src: src, timeout: statusTimeout, hosts: o.hosts}
 }
 
 // ServeHTTP routes by the path left after the mount point: with or
@@ -81,6 +89,13 @@ func (h *statusHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Content-Security-Policy", statusCSP)
 	// Lookups put key names in the URL; keep them out of other sites' logs.
 	hdr.Set("Referrer-Policy", "no-referrer")
+	// Before anything is asked of the cluster: a page the operator visits
+	// could otherwise point a name of its own at this listener (DNS
+	// rebinding) and read the answers as same-origin.
+	if !hostguard.Allowed(r.Host, h.hosts) {
+		hostguard.Refuse(w, r.Host, "allowed with node.WithAllowedHosts")
+		return
+	}
 	route := strings.TrimPrefix(r.URL.Path, "/")
 	isJSON := route == "status.json" || route == "top.json" || route == "key"
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {

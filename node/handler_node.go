@@ -30,4 +30,28 @@ import "net/http"
 // listener, or behind the application's own authentication), never on a
 // public listener. It changes nothing, but every request asks the
 // cluster, so keep it away from untrusted clients for load too.
-func (n *Node) Handler() http.Handler { return newStatusHandler(n) }
+//
+// It answers only requests whose Host is a loopback address
+// (127.0.0.0/8, ::1) or "localhost", with any port, and the names given
+// with WithAllowedHosts; any other Host gets 421 Misdirected Request, a
+// plain-text line naming it, before the cluster is asked anything. This
+// keeps a web page the operator visits from pointing a name of its own at
+// the listener (DNS rebinding) and reading the page as its own.
+func (n *Node) Handler(opts ...HandlerOption) http.Handler { return newStatusHandler(n, opts...) }
+
+// HandlerOption configures Handler.
+type HandlerOption func(*handlerOptions)
+
+type handlerOptions struct {
+	hosts []string
+}
+
+// WithAllowedHosts lets Handler answer requests addressed to hosts too,
+// besides loopback addresses and localhost: the names (or IP addresses)
+// operators reach the application's listener by, as in
+// WithAllowedHosts("app-7.ops.example"). A port is ignored; names
+// compare case-insensitively. Allow only names the application's own
+// DNS controls: any other is what DNS rebinding uses. Options add up.
+func WithAllowedHosts(hosts ...string) HandlerOption {
+	return func(o *handlerOptions) { o.hosts = append(o.hosts, hosts...) }
+}

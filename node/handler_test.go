@@ -135,11 +135,21 @@ func newFakeStatus() *fakeStatus {
 	}
 }
 
-// get serves one request through h and returns the response with its body.
+// get serves one request through h, addressed to a loopback host as an
+// operator's browser on the same machine sends it, and returns the
+// response with its body.
 func get(t *testing.T, h http.Handler, method, target string) (*http.Response, string) {
 	t.Helper()
+	return getHost(t, h, method, "127.0.0.1:8080", target)
+}
+
+// getHost is get with the request's Host header set to host.
+func getHost(t *testing.T, h http.Handler, method, host, target string) (*http.Response, string) {
+	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	req := httptest.NewRequest(method, target, nil)
+	req.Host = host
+	h.ServeHTTP(rec, req)
 	resp := rec.Result()
 	body, _ := io.ReadAll(resp.Body)
 	return resp, string(body)
@@ -626,5 +636,70 @@ func TestHandlerInvalidKeyIsErrInvalidKey(t *testing.T) {
 	_, err := newStatusHandler(&fakeStatus{}).inspect(context.Background(), "")
 	if !errors.Is(err, ErrInvalidKey) {
 		t.Errorf("inspect of an empty key: %v, want ErrInvalidKey", err)
+	}
+}
+
+// DNS rebinding: a web page the operator visits points a name of its own
+// at 127.0.0.1 and reads the status page as its own origin; the browser
+// still sends that name as Host. The page answers only to loopback
+// addresses and localhost unless the application allows more names.
+func TestHandlerRefusesOtherHosts(t *testing.T) {
+	f := newFakeStatus()
+	h := newStatusHandler(f)
+	for _, target := range []string{"/", "/status.json", "/top.json", "/key?k=orders/17", "/app.js"} {
+		for _, host := range []string{"evil.example", "evil.example:8080", "lockmesh.ops.example", ""} {
+			resp, body := getHost(t, h, "GET", host, target)
+			if resp.StatusCode != http.StatusMisdirectedRequest {
+				t.Errorf("GET %s with Host %q: %d, want 421", target, host, resp.StatusCode)
+				continue
+			}
+			if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") || !strings.Contains(body, fmt.Sprintf("Host %q refused", host)) ||
+				!strings.Contains(body, "WithAllowedHosts") {
+				t.Errorf("GET %s with Host %q: refusal %q (%s) is not plain text naming the host and the option", target, host, body, resp.Header.Get("Content-Type"))
+			}
+			if strings.Contains(body, "peer-1") || strings.Contains(body, "orders/17") {
+				t.Errorf("GET %s with Host %q: the refusal shows the page: %q", target, host, body)
+			}
+		}
+		for _, host := range []string{"127.0.0.1:8080", "127.0.0.1", "localhost", "localhost:8080", "[::1]:8080"} {
+			if resp, _ := getHost(t, h, "GET", host, target); resp.StatusCode != http.StatusOK {
+				t.Errorf("GET %s with Host %q: %d, want 200", target, host, resp.StatusCode)
+			}
+		}
+	}
+	f.mu.Lock()
+	inspected := len(f.inspected)
+	f.mu.Unlock()
+	if want := 5; inspected != want { // /key?k= for the allowed hosts only
+		t.Errorf("the source was asked %d key lookups, want %d: refused requests must not reach the cluster", inspected, want)
+	}
+
+	// An application serving the page under its own name allows it; the
+	// rest stay refused.
+	named := newStatusHandler(f, WithAllowedHosts("lockmesh.ops.example", "10.0.0.5"))
+	for host, want := range map[string]int{
+		"lockmesh.ops.example": http.StatusOK, "LockMesh.Ops.Example:443": http.StatusOK, "10.0.0.5:8080": http.StatusOK,
+		"127.0.0.1:8080": http.StatusOK, "localhost": http.StatusOK,
+		"evil.example": http.StatusMisdirectedRequest, "ops.example": http.StatusMisdirectedRequest, "10.0.0.6": http.StatusMisdirectedRequest,
+	} {
+		if resp, _ := getHost(t, named, "GET", host, "/status.json"); resp.StatusCode != want {
+			t.Errorf("WithAllowedHosts: GET /status.json with Host %q: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+
+	// Over a real connection, the Host the client sends decides.
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for host, want := range map[string]int{"": http.StatusOK, "evil.example": http.StatusMisdirectedRequest} {
+		req, _ := http.NewRequest("GET", srv.URL+"/status.json", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s with Host %q: %d, want %d", srv.URL, host, resp.StatusCode, want)
+		}
 	}
 }

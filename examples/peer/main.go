@@ -65,7 +65,11 @@
 // can cost CPU while they run, and no endpoint asks who
 // is calling: keep ADDR on loopback or on an operators' network, never
 // public. Like the peer's other addresses, an ADDR other than loopback
-// needs -insecure.
+// needs -insecure. Every endpoint answers only requests whose Host is a
+// loopback address, localhost, ADDR's own host or a name given to
+// -http-host NAME,...; any other gets 421 Misdirected Request, so a web
+// page the operator visits cannot read them by pointing a name of its
+// own at ADDR (DNS rebinding).
 //
 // -version prints the release and the feature levels it speaks, and exits:
 //
@@ -135,6 +139,9 @@ type config struct {
 	// httpAddr is where to serve /metrics and the status page; empty
 	// serves nothing.
 	httpAddr string
+	// httpHostNames are the names, besides loopback, localhost and
+	// httpAddr's host, that the -http listener answers to (httpHosts).
+	httpHostNames []string
 }
 
 func main() {
@@ -213,7 +220,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// request must not ask a closing node.
 	var web *httpServer
 	if httpLn != nil {
-		web = serveHTTP(httpLn, newHTTPMux(n, reg))
+		web = serveHTTP(httpLn, newHTTPHandler(n, reg, httpHosts(cfg)))
 		defer web.stop()
 		fmt.Fprintf(stdout, "http %s addr=%s\n", n.Name(), httpLn.Addr())
 	}
@@ -562,6 +569,7 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.BoolVar(&cfg.reportServing, "report-serving", false, "once ready, wait until every lock shard serves through this peer (Node.WaitServing) and print a serving line")
 	fs.StringVar(&cfg.reportLeader, "report-leader", "", "print a leader line whenever this peer's view of the leader of `key`'s shard changes")
 	fs.StringVar(&cfg.httpAddr, "http", "", "serve /metrics (Prometheus), the status page (/debug/lockmesh/) and Go's profiles (/debug/pprof/) on `host:port`; empty serves none. The page shows key names: never expose it publicly")
+	httpHostNames := fs.String("http-host", "", "comma-separated host `names` the -http listener answers to besides loopback, localhost and -http's own host: the names operators reach it by. Requests naming any other host are refused, against DNS rebinding")
 	fs.StringVar(&cfg.probeFamily, "probe-family", "", "try a read lock of `key` every 100ms and print a family line whenever the outcome changes (the lock family needs feature level 3)")
 
 	finish = func() error {
@@ -572,6 +580,14 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 			if a = strings.TrimSpace(a); a != "" {
 				nc.Join = append(nc.Join, a)
 			}
+		}
+		for _, h := range strings.Split(*httpHostNames, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				cfg.httpHostNames = append(cfg.httpHostNames, h)
+			}
+		}
+		if len(cfg.httpHostNames) > 0 && cfg.httpAddr == "" {
+			return errors.New("-http-host needs -http")
 		}
 		if err := cfg.logLevel.UnmarshalText([]byte(*level)); err != nil {
 			return fmt.Errorf("-log-level %q: want debug, info, warn or error", *level)

@@ -17,6 +17,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 
+	"github.com/lockmesh/lockmesh/internal/hostguard"
 	"github.com/lockmesh/lockmesh/internal/release"
 	"github.com/lockmesh/lockmesh/node"
 )
@@ -94,12 +95,36 @@ func (sw *statusWriter) WriteHeader(code int) {
 	sw.ResponseWriter.WriteHeader(code)
 }
 
+// httpHosts are the names, besides loopback addresses and localhost, that
+// the -http listener answers to: -http's own host, unless it is empty or
+// unspecified (every interface: no name a browser sends), and -http-host's
+// names.
+func httpHosts(cfg config) []string {
+	var hosts []string
+	if h, _, err := net.SplitHostPort(cfg.httpAddr); err == nil && h != "" {
+		if ip := net.ParseIP(h); ip == nil || !ip.IsUnspecified() {
+			hosts = append(hosts, h)
+		}
+	}
+	return append(hosts, cfg.httpHostNames...)
+}
+
+// newHTTPHandler serves newHTTPMux's routes only to requests whose Host
+// is loopback, localhost or one of hosts: every route shows what a web
+// page the operator visits must not read by pointing a name of its own
+// at the listener (DNS rebinding). The status page checks the same
+// names itself.
+func newHTTPHandler(n *node.Node, reg *prometheus.Registry, hosts []string) http.Handler {
+	mux := newHTTPMux(n.Handler(node.WithAllowedHosts(hosts...)), reg)
+	return hostguard.Handler(mux, hosts, "given to -http-host")
+}
+
 // newHTTPMux routes /metrics, the status page under statusPrefix, and
 // "/" to the status page.
-func newHTTPMux(n *node.Node, reg *prometheus.Registry) *http.ServeMux {
+func newHTTPMux(status http.Handler, reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metricsHandler(reg))
-	mux.Handle(statusPrefix+"/", http.StripPrefix(statusPrefix, n.Handler()))
+	mux.Handle(statusPrefix+"/", http.StripPrefix(statusPrefix, status))
 	mux.Handle("GET /{$}", http.RedirectHandler(statusPrefix+"/", http.StatusFound))
 	// Go's profiles, as etcd and Consul serve them, for "where do this
 	// peer's CPU and memory go" (go tool pprof http://ADDR/debug/pprof/heap).

@@ -82,6 +82,7 @@ func TestParseFlags(t *testing.T) {
 		{with("-expect", "3", "-http", "9100"), "-http \"9100\": want host:port"},
 		{with("-expect", "3", "-http", "10.0.0.5:9100"), "-http 10.0.0.5:9100 is not loopback"},
 		{with("-expect", "3", "-http", ":9100"), "-http :9100 is not loopback"},
+		{with("-expect", "3", "-http-host", "peer-1.ops.example"), "-http-host needs -http"},
 	} {
 		_, err := parseFlags(tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -96,6 +97,14 @@ func TestParseFlags(t *testing.T) {
 	}
 	if cfg, err := parseFlags(with("-expect", "3", "-http", "0.0.0.0:9100", "-insecure")); err != nil || cfg.httpAddr != "0.0.0.0:9100" {
 		t.Errorf("-http 0.0.0.0:9100 -insecure: httpAddr %q, err %v; want it set and no error", cfg.httpAddr, err)
+	}
+	cfg, err = parseFlags(with("-expect", "3", "-http", "127.0.0.2:9100", "-http-host", "peer-1.ops.example, grafana.ops.example,"))
+	if got, want := strings.Join(httpHosts(cfg), " "), "127.0.0.2 peer-1.ops.example grafana.ops.example"; err != nil || got != want {
+		t.Errorf("-http 127.0.0.2:9100 -http-host ...: hosts %q, err %v; want %q", got, err, want)
+	}
+	cfg, err = parseFlags(with("-expect", "3", "-http", "0.0.0.0:9100", "-insecure"))
+	if got := httpHosts(cfg); err != nil || len(got) != 0 {
+		t.Errorf("-http 0.0.0.0:9100: hosts %q, err %v; want none (every interface is no name)", got, err)
 	}
 	if _, err := parseFlags([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)
