@@ -54,6 +54,10 @@ type testHooks struct {
 	// network (internal/authz): the broken variant the hostile-peer
 	// suite must catch.
 	unsafeNoAuthz bool
+	// unsafeNoRaftFilter lets every well-formed Raft message through to
+	// dragonboat (no internal/raftauth filter): the broken variant the
+	// Raft port's hostile tests must catch.
+	unsafeNoRaftFilter bool
 	// unsafeGrantQueued makes this peer's client side take a Queued
 	// answer to an acquire (the attempt waits in the key's queue) as a
 	// grant, with the answer's token (0): a lock handed out that the

@@ -192,6 +192,9 @@ func (n *Node) open(ctx context.Context) error {
 		},
 		RaftMetrics: cfg.RaftMetrics,
 	}
+	if !n.hooks.unsafeNoRaftFilter {
+		hc.RaftPeers = raftPeers{n}
+	}
 	if n.obs.on {
 		hc.OnSync = n.obs.onSync
 	}

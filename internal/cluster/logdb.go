@@ -9,6 +9,8 @@ import (
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+
+	"github.com/lockmesh/lockmesh/internal/raftauth"
 )
 
 // newDefaultLogDB is dragonboat's own constructor of its default LogDB
@@ -31,6 +33,7 @@ const defaultLogDBName = "sharded-pebble"
 type logDBFactory struct {
 	onState func(shard, replica, commit uint64)
 	onSync  func(time.Duration) // the time of each synced write
+	gate    *raftauth.Filter    // told what each replica's log holds; may be nil
 }
 
 func (logDBFactory) Name() string { return defaultLogDBName }
@@ -57,6 +60,9 @@ func (f logDBFactory) Create(cfg config.NodeHostConfig, cb config.LogDBCallback,
 	}
 	l := newCommitLog(db, workers+1)
 	l.onState, l.onSync = f.onState, f.onSync
+	if f.gate != nil {
+		l.logs = f.gate.Logs
+	}
 	return l, nil
 }
 
@@ -82,6 +88,9 @@ type commitLog struct {
 	worker  uint64 // the write context of flush, used by no step worker
 	onState func(shard, replica, commit uint64)
 	onSync  func(time.Duration) // the time of each synced write
+	// logs, when not nil, hears what each replica's log holds: the Raft
+	// port's filter bounds commits and acknowledgements by it.
+	logs *raftauth.Logs
 
 	mu sync.Mutex
 	// saved is the term and vote last written per replica; pending the
@@ -110,6 +119,9 @@ func (l *commitLog) mustSync(u *pb.Update) bool {
 // SaveRaftState writes updates unless none of them must be synced; then
 // it keeps their states for the next write.
 func (l *commitLog) SaveRaftState(updates []pb.Update, worker uint64) error {
+	if l.logs != nil {
+		l.logs.Saved(updates)
+	}
 	l.mu.Lock()
 	sync := false
 	for i := range updates {
@@ -194,6 +206,13 @@ func (l *commitLog) ReadRaftState(shard, replica, snapshotIndex uint64) (raftio.
 	if err == nil && l.onState != nil {
 		l.onState(shard, replica, rs.State.Commit)
 	}
+	if err == nil && l.logs != nil {
+		last := snapshotIndex
+		if rs.EntryCount > 0 {
+			last = rs.FirstIndex + rs.EntryCount - 1
+		}
+		l.logs.Started(shard, replica, rs.State.Term, rs.State.Commit, last)
+	}
 	return rs, err
 }
 
@@ -232,6 +251,9 @@ func (l *commitLog) RemoveNodeData(shard, replica uint64) error {
 	delete(l.pending, k)
 	delete(l.saved, k)
 	l.mu.Unlock()
+	if l.logs != nil {
+		l.logs.Removed(shard, replica)
+	}
 	return l.ILogDB.RemoveNodeData(shard, replica)
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/lni/vfs"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/raftauth"
 	"github.com/lockmesh/lockmesh/internal/raftnet"
 )
 
@@ -52,7 +53,14 @@ type HostConfig struct {
 	// CommonName and DNS SANs whether it is an authorized member
 	// (raftnet.Config.Authorize); nil accepts any certificate of the CA.
 	RaftAuthorize func(names []string) bool
-	Logger        *slog.Logger // nil discards
+	// RaftPeers, when not nil, puts internal/raftauth's filter in front
+	// of the Raft transport, raftnet or Transport: every message and
+	// snapshot chunk that arrives is checked against the replicas this
+	// peer runs and RaftPeers before dragonboat sees it. Nil passes every
+	// well-formed message (the broken variant the hostile suites catch,
+	// and tests of this package).
+	RaftPeers RaftPeers
+	Logger    *slog.Logger // nil discards
 	// OnStop is called before a replica is stopped here (removed or
 	// halted), with its shard, on the goroutine stopping it; node drops
 	// the shard's leases there. It must not block. Nil means nothing to do.
@@ -77,6 +85,12 @@ type HostConfig struct {
 // unless c.Transport replaces it. It fails if the TLS files cannot be
 // loaded.
 func NodeHostConfig(c HostConfig) (config.NodeHostConfig, error) {
+	return nodeHostConfig(c, nil)
+}
+
+// nodeHostConfig is NodeHostConfig with gate, when not nil, in front of
+// the transport and told of what the LogDB writes.
+func nodeHostConfig(c HostConfig, gate *raftauth.Filter) (config.NodeHostConfig, error) {
 	fs := c.FS
 	if fs == nil {
 		fs = vfs.Default
@@ -91,15 +105,21 @@ func NodeHostConfig(c HostConfig) (config.NodeHostConfig, error) {
 			FS:                  c.FS,
 			NodeRegistryFactory: c.Registry,
 			LogDB:               logDBConfig(),
-			LogDBFactory:        logDBFactory{onState: c.OnRaftState, onSync: c.OnSync},
+			LogDBFactory:        logDBFactory{onState: c.OnRaftState, onSync: c.OnSync, gate: gate},
 			Engine:              engineConfig(recordedStepWorkers(fs, c.Dir)),
 		},
 	}
 	nhc.Expert.TransportFactory = c.Transport
+	if c.Transport != nil && gate != nil {
+		nhc.Expert.TransportFactory = gatedFactory{TransportFactory: c.Transport, gate: gate}
+	}
 	if c.Transport == nil {
 		// dragonboat's MutualTLS stays off: raftnet does the TLS, and
 		// dragonboat only reads MutualTLS for its own transport.
 		rc := raftnet.Config{Authorize: c.RaftAuthorize, Logger: c.Logger}
+		if gate != nil {
+			rc.Gate = gate
+		}
 		if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" {
 			var err error
 			if rc.TLS, err = raftnet.LoadTLS(c.CAFile, c.CertFile, c.KeyFile); err != nil {
@@ -200,6 +220,7 @@ func readStepWorkers(fs vfs.FS, path string) uint64 {
 // this release cannot read.
 type Replicas struct {
 	nh     *dragonboat.NodeHost
+	gate   *raftauth.Filter // in front of the Raft port; nil when none
 	log    *slog.Logger
 	onStop func(shard uint64)
 
@@ -212,14 +233,6 @@ type Replicas struct {
 
 // Open starts the NodeHost of c. The caller releases it with Close.
 func Open(c HostConfig) (*Replicas, error) {
-	nhc, err := NodeHostConfig(c)
-	if err != nil {
-		return nil, fmt.Errorf("start raft on %s: %w", c.RaftAddr, err)
-	}
-	nh, err := dragonboat.NewNodeHost(nhc)
-	if err != nil {
-		return nil, fmt.Errorf("start raft on %s: %w", c.RaftAddr, err)
-	}
 	log := c.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -228,13 +241,36 @@ func Open(c HostConfig) (*Replicas, error) {
 	if onStop == nil {
 		onStop = func(uint64) {}
 	}
-	return &Replicas{
-		nh:      nh,
+	r := &Replicas{
 		log:     log,
 		onStop:  onStop,
 		running: map[uint64]uint64{},
 		halted:  map[uint64]error{},
-	}, nil
+	}
+	// The filter reads the replica table, which is empty until replicas
+	// start: until then every message is refused.
+	var gate *raftauth.Filter
+	if c.RaftPeers != nil {
+		gate = &raftauth.Filter{View: gateView{Replicas: r, RaftPeers: c.RaftPeers}, Logs: &raftauth.Logs{}}
+	}
+	nhc, err := nodeHostConfig(c, gate)
+	if err != nil {
+		return nil, fmt.Errorf("start raft on %s: %w", c.RaftAddr, err)
+	}
+	r.gate = gate
+	if r.nh, err = dragonboat.NewNodeHost(nhc); err != nil {
+		return nil, fmt.Errorf("start raft on %s: %w", c.RaftAddr, err)
+	}
+	return r, nil
+}
+
+// RaftRefused is the number of Raft messages and snapshot chunks the
+// filter in front of the Raft port refused (0 without one).
+func (r *Replicas) RaftRefused() uint64 {
+	if r.gate == nil {
+		return 0
+	}
+	return r.gate.Refused()
 }
 
 // NodeHost is the dragonboat NodeHost the replicas run on, for proposals

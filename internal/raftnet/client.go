@@ -147,6 +147,9 @@ func (c *batchConn) Close() { c.out.close() }
 // arriving twice, or the one written into the closing connection being
 // lost.
 func (c *batchConn) SendMessageBatch(b pb.MessageBatch) error {
+	if g := c.t.cfg.Gate; g != nil {
+		g.Sent(&b)
+	}
 	if c.out.peerGone() {
 		if err := c.redial(); err != nil {
 			return err

@@ -6,7 +6,26 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	pb "github.com/lni/dragonboat/v4/raftpb"
 )
+
+// Gate decides which of the messages and snapshot chunks that arrive
+// reach dragonboat, and hears of every batch sent (internal/raftauth's
+// Filter is the one lockmesh uses). Its methods are called on the
+// goroutine of the connection concerned, concurrently, and must not
+// block for long.
+type Gate interface {
+	// Batch removes from b.Requests the messages the sender, named by
+	// its verified certificate (nil without TLS), may not deliver, and
+	// may rewrite the others; it returns why each was removed.
+	Batch(names []string, b *pb.MessageBatch) []error
+	// Chunk reports why the sender may not deliver c, if it may not: the
+	// connection is then closed.
+	Chunk(names []string, c *pb.Chunk) error
+	// Sent is told of each batch before it is sent.
+	Sent(b *pb.MessageBatch)
+}
 
 // DefaultMaxFrame is the frame body limit used when Config.MaxFrame is
 // zero: dragonboat's largest message batch plus room for its framing, and
@@ -79,6 +98,10 @@ type Config struct {
 	// not block for long (it delays only that connection). Nil accepts
 	// every certificate TLS verified.
 	Authorize func(names []string) bool
+
+	// Gate, when not nil, filters what arrives before dragonboat sees it.
+	// Nil passes every well-formed message (tests of the transport alone).
+	Gate Gate
 
 	// MaxFrame caps the body of every frame read or written, in bytes. A
 	// bigger inbound frame closes the connection before its body is read;

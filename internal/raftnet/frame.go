@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"unsafe"
+
+	pb "github.com/lni/dragonboat/v4/raftpb"
 )
 
 // The wire format is dragonboat's own (internal/transport/tcp.go), so that
@@ -185,6 +188,90 @@ func unmarshal(m interface{ Unmarshal([]byte) error }, kind frameKind, body []by
 	}()
 	if err := m.Unmarshal(body); err != nil {
 		return badFrame("%s: %v", kind, err)
+	}
+	return nil
+}
+
+// Sizes of what decoding a message batch allocates per message and per
+// entry, beyond the bytes it copies from the body.
+var (
+	messageSize = int(unsafe.Sizeof(pb.Message{}))
+	entrySize   = int(unsafe.Sizeof(pb.Entry{}))
+	// emptySnapshot is the encoding of the empty snapshot every message
+	// in a batch carries: snapshots travel as chunks, never in a batch.
+	emptySnapshot = (&pb.Snapshot{}).Size()
+)
+
+// decodedExtra reads the protobuf encoding of a pb.MessageBatch in body
+// without decoding it and returns what Unmarshal would allocate beyond
+// the body's own bytes: its messages and entries, twice over for the
+// growth of their slices. A message carrying more than an empty snapshot
+// is refused: a snapshot's maps decode to many times their bytes, and
+// no peer sends one in a batch.
+func decodedExtra(body []byte) (int, error) {
+	msgs, entries := 0, 0
+	err := eachField(body, func(field int, v []byte) error {
+		if field != 1 { // MessageBatch.Requests
+			return nil
+		}
+		msgs++
+		return eachField(v, func(field int, v []byte) error {
+			switch field {
+			case 11: // Message.Entries
+				entries++
+			case 12: // Message.Snapshot
+				if len(v) > emptySnapshot {
+					return badFrame("message batch: a message carries a snapshot of %d bytes", len(v))
+				}
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	return 2 * (msgs*messageSize + entries*entrySize), nil
+}
+
+// eachField calls fn with the number and the bytes of each
+// length-delimited field of the protobuf message in b, skipping the
+// others, and fails on an encoding Unmarshal would refuse.
+func eachField(b []byte, fn func(field int, v []byte) error) error {
+	for len(b) > 0 {
+		key, n := binary.Uvarint(b)
+		if n <= 0 {
+			return badFrame("message batch: bad field key")
+		}
+		b = b[n:]
+		switch key & 7 {
+		case 0: // varint
+			if _, n = binary.Uvarint(b); n <= 0 {
+				return badFrame("message batch: bad varint")
+			}
+			b = b[n:]
+		case 1: // fixed64
+			if len(b) < 8 {
+				return badFrame("message batch: short fixed64")
+			}
+			b = b[8:]
+		case 5: // fixed32
+			if len(b) < 4 {
+				return badFrame("message batch: short fixed32")
+			}
+			b = b[4:]
+		case 2: // length-delimited
+			l, n := binary.Uvarint(b)
+			if n <= 0 || l > uint64(len(b)-n) {
+				return badFrame("message batch: bad length")
+			}
+			v := b[n : n+int(l)]
+			b = b[n+int(l):]
+			if err := fn(int(key>>3), v); err != nil {
+				return err
+			}
+		default:
+			return badFrame("message batch: wire type %d", key&7)
+		}
 	}
 	return nil
 }

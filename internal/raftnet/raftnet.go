@@ -86,7 +86,7 @@ func (f *factory) Create(nhc config.NodeHostConfig, onBatch raftio.MessageHandle
 		conns:   map[net.Conn]struct{}{},
 		perIP:   map[string]int{},
 	}
-	for _, w := range []*throttle.Warner{&t.refusedConn, &t.refusedTLS, &t.refusedFrame, &t.panicked} {
+	for _, w := range []*throttle.Warner{&t.refusedConn, &t.refusedTLS, &t.refusedFrame, &t.refusedMsg, &t.panicked} {
 		w.Every = warnEvery
 	}
 	return t
@@ -117,7 +117,7 @@ type transport struct {
 
 	// warnings, one throttle per kind so that a flood of one kind does
 	// not hide another.
-	refusedConn, refusedTLS, refusedFrame, panicked throttle.Warner
+	refusedConn, refusedTLS, refusedFrame, refusedMsg, panicked throttle.Warner
 
 	heldMu sync.Mutex
 	held   int // body bytes reserved beyond each frame's first piece

@@ -110,7 +110,10 @@ func (t *transport) serve(c net.Conn, ip string) {
 		}
 		conn = tc
 	}
-	s := &inbound{t: t, conn: conn, encrypted: t.cfg.TLS != nil}
+	s := &inbound{t: t, conn: conn, encrypted: t.cfg.TLS != nil, from: from}
+	if tc, ok := conn.(*tls.Conn); ok {
+		s.names = certNames(tc.ConnectionState().PeerCertificates[0])
+	}
 	for first := true; ; first = false {
 		if !first {
 			if err := conn.SetReadDeadline(time.Now().Add(t.cfg.IdleTimeout)); err != nil {
@@ -149,6 +152,8 @@ type inbound struct {
 	t         *transport
 	conn      net.Conn
 	encrypted bool
+	from      string    // the remote address, for warnings
+	names     []string  // the verified certificate's names; nil without TLS
 	kind      frameKind // of the first frame; every later one must match
 	buf       []byte    // reused between frames up to pieceSize
 	hdr       [frameHead]byte
@@ -201,15 +206,40 @@ func (s *inbound) frame() error {
 	}
 	switch h.kind {
 	case kindBatch:
+		// A message decodes to far more than its bytes (an empty one is
+		// 2 bytes on the wire and hundreds in memory): what decoding
+		// would allocate beyond the body is bounded and charged before
+		// Unmarshal allocates it.
+		extra, err := decodedExtra(body)
+		if err != nil {
+			return err
+		}
+		if !s.t.charge(extra) {
+			return badFrame("message batch of %d bytes decoding to %d more: %d bytes of frames already held (MaxBuffered %d)", len(body), extra, s.t.heldBytes(), s.t.cfg.MaxBuffered)
+		}
+		charged += extra
 		var b pb.MessageBatch
 		if err := unmarshal(&b, h.kind, body); err != nil {
 			return err
+		}
+		if g := s.t.cfg.Gate; g != nil {
+			if errs := g.Batch(s.names, &b); len(errs) > 0 {
+				s.t.refusedMsg.Warn(s.t.log(), "raftnet: Raft messages refused", "from", s.from, "names", s.names, "refused", len(errs), "first", errs[0])
+			}
+			if len(b.Requests) == 0 {
+				return nil
+			}
 		}
 		s.t.onBatch(b)
 	case kindChunk:
 		var c pb.Chunk
 		if err := unmarshal(&c, h.kind, body); err != nil {
 			return err
+		}
+		if g := s.t.cfg.Gate; g != nil {
+			if err := g.Chunk(s.names, &c); err != nil {
+				return badFrame("%v", err)
+			}
 		}
 		if !s.t.onChunk(c) {
 			return badFrame("snapshot chunk %d of shard %d from replica %d rejected by dragonboat", c.ChunkId, c.ShardID, c.From)
