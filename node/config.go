@@ -169,6 +169,20 @@ type Config struct {
 	// keeps for the whole process; WriteRaftMetrics writes them.
 	RaftMetrics bool
 
+	// UnsafeSkipEntries recovers a shard whose log holds an entry that no
+	// release reads (one forced in by a forger that spoke for its leader,
+	// or written by a bug): every replica halts at it (ErrReplicaHalted,
+	// logged with the shard and index) and the shard stops. Restart every
+	// peer that hosts the shard, all of one release, with the entry
+	// listed here: each replica then passes over that one entry, if it
+	// cannot read it, instead of halting, and the shard serves again.
+	// Commands in the entry are lost; an entry a replica reads is applied
+	// as usual, so a listed entry that a newer release reads must not be
+	// skipped by older peers while newer ones apply it: upgrade instead.
+	// Remove it once the shard has taken a snapshot past it. See
+	// docs/UPGRADING.md.
+	UnsafeSkipEntries []LogEntry
+
 	// clock is the time source of the lease logic (holder deadlines and
 	// leader expiry): the system's monotonic clock, or in tests a skewed
 	// or jumping one. fs is the file system under DataDir: the
@@ -178,6 +192,12 @@ type Config struct {
 	// locking unsafe.
 	clock clock
 	fs    vfs.FS
+}
+
+// LogEntry names one entry of a shard's Raft log, as a halted replica's
+// HaltError does.
+type LogEntry struct {
+	Shard, Index uint64
 }
 
 // RaftTLS names the PEM files for mutual TLS between Raft peers: every
@@ -259,6 +279,16 @@ func (c Config) Validate() error { return c.validate(false) }
 // are internal/config's.
 func (c Config) validate(raftInMemory bool) error {
 	c.setDefaults()
+	seen := map[uint64]bool{}
+	for _, e := range c.UnsafeSkipEntries {
+		if e.Shard == 0 || e.Index == 0 {
+			return fmt.Errorf("%w: UnsafeSkipEntries: shard %d index %d: both must be above 0 (copy them from the halted replica's log line)", ErrInvalidConfig, e.Shard, e.Index)
+		}
+		if seen[e.Shard] {
+			return fmt.Errorf("%w: UnsafeSkipEntries lists shard %d twice: a replica halts at the first entry it cannot read, so skip one at a time", ErrInvalidConfig, e.Shard)
+		}
+		seen[e.Shard] = true
+	}
 	if err := config.Check(c.peer(raftInMemory), config.Defaults{
 		SessionTTL: DefaultSessionTTL, RTT: DefaultRTT, DeadAfter: DefaultDeadAfter,
 	}); err != nil {

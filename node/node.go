@@ -441,7 +441,12 @@ func (n *Node) adopt(p *layout.Placement) error {
 // ran before, else as an initial member or by joining the running shard.
 // It returns the *HaltError of a replica that halted here.
 func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica) error {
-	halt := replica.Halter{OnStop: n.haltReplica, SnapshotIndex: func() uint64 { return n.snapshotIndex(shard) }}
+	halt := replica.Halter{OnStop: n.haltReplica, SnapshotIndex: func() uint64 { return n.snapshotIndex(shard) }, OnSkip: n.skippedEntry}
+	for _, e := range n.cfg.UnsafeSkipEntries {
+		if e.Shard == shard {
+			halt.Skip = e.Index
+		}
+	}
 	var create sm.CreateStateMachineFunc
 	if shard == metaShardID {
 		create = func(uint64, uint64) sm.IStateMachine { return replica.NewMeta(halt) }
@@ -457,6 +462,14 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 	return n.replicas.Start(p, shard, r, create)
 }
 
+// skippedEntry logs an entry a replica passed over unread, as
+// Config.UnsafeSkipEntries told it to. It runs on dragonboat's apply
+// goroutine and does not block.
+func (n *Node) skippedEntry(shard, index uint64, cause error) {
+	n.log.Warn("replica skipped an entry it cannot read, as UnsafeSkipEntries says; its commands are lost",
+		"shard", shard, "index", index, "err", cause)
+}
+
 // haltReplica stops the replica whose state machine fail-stopped at an
 // entry it cannot read, keeping its data: the log still holds the entry,
 // and an upgraded peer replays it at its next start. It runs on
@@ -469,7 +482,7 @@ func (n *Node) haltReplica(he *HaltError) {
 	} else {
 		n.log.Error("replica stopped: it cannot read an entry of its shard's log", "shard", he.Shard,
 			"index", he.Index, "format_version", he.Version, "err", he.Err,
-			"fix", "upgrade this peer; its replica replays the entry from the log at the next start")
+			"fix", "upgrade this peer; its replica replays the entry from the log at the next start. If no release reads the entry, restart every peer hosting the shard with it in Config.UnsafeSkipEntries (docs/UPGRADING.md)")
 	}
 	n.replicas.Halt(he.Shard, he)
 }

@@ -24,12 +24,33 @@ import (
 // nothing.
 type Halter struct {
 	err *lockerr.HaltError
+	// Skip, when set, names the log index of an entry this replica skips
+	// instead of halting, if it cannot read it: the operator's recovery
+	// of a shard whose log holds an entry no release reads (node's
+	// Config.UnsafeSkipEntries). An entry it reads is applied as usual.
+	// OnSkip, when set, is told of each entry skipped.
+	Skip   uint64
+	OnSkip func(shard, index uint64, cause error)
 	// OnStop is called once, on dragonboat's apply or snapshot goroutine:
 	// it must not block.
 	OnStop func(*lockerr.HaltError)
 	// SnapshotIndex returns the log index of the snapshot being loaded,
 	// for the halt error; nil, or 0, when it is not known.
 	SnapshotIndex func() uint64
+}
+
+// skips reports whether the entry e, which the replica of shard cannot
+// read (cause), is the one it was told to skip, telling OnSkip if so.
+// Every replica that skips it leaves its state as it was, so replicas
+// told alike stay alike.
+func (h *Halter) skips(shard uint64, e sm.Entry, cause error) bool {
+	if h.Skip == 0 || e.Index != h.Skip {
+		return false
+	}
+	if h.OnSkip != nil {
+		h.OnSkip(shard, e.Index, cause)
+	}
+	return true
 }
 
 func (h *Halter) stop(shard uint64, e sm.Entry, cause error) *lockerr.HaltError {

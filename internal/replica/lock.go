@@ -116,6 +116,10 @@ func (s *Lock) Update(e sm.Entry) (sm.Result, error) {
 		return sm.Result{Value: ResultHalted, Data: []byte(err.Error())}, nil
 	}
 	cmds, err := s.decode(e.Cmd)
+	if err != nil && s.halt.skips(s.shard, e, err) {
+		// Nothing was applied: to a proposer, as a halted replica's entry.
+		return sm.Result{Value: ResultHalted, Data: []byte(fmt.Sprintf("entry %d skipped unread (UnsafeSkipEntries): %v", e.Index, err))}, nil
+	}
 	if err != nil {
 		err = s.halt.stop(s.shard, e, err)
 		return sm.Result{Value: ResultHalted, Data: []byte(err.Error())}, nil

@@ -38,6 +38,9 @@ func (m *Meta) Update(e sm.Entry) (sm.Result, error) {
 		return sm.Result{Value: MetaHalted, Data: []byte(err.Error())}, nil
 	}
 	p, err := layout.Decode(e.Cmd)
+	if err != nil && m.halt.skips(layout.MetaShard, e, err) {
+		return sm.Result{Value: 0}, nil // as a refused layout: nothing changes
+	}
 	if err != nil {
 		// Proposers validate what they write, so a layout that does not
 		// decode here was written by a release this one does not know.
