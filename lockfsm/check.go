@@ -14,7 +14,10 @@ import (
 //   - every holder and waiter is a live attempt of a live session, on that
 //     key, listed exactly once, and every live attempt is listed;
 //   - session counters and prune lists match their attempts; a group's
-//     attempts wait all together or none.
+//     attempts wait all together or none;
+//   - the count of live sessions per owner matches the sessions (it is not
+//     checked against the caps: entries written before level 3 were not
+//     capped, and their sessions stay).
 //
 // Load runs it on every snapshot; tests and fuzzers run it after Apply.
 func (s *State) Verify() error {
@@ -66,7 +69,9 @@ func (s *State) Verify() error {
 		}
 	}
 	attempts := 0
+	owned := map[string]int{}
 	for id, sess := range s.sessions {
+		owned[sess.owner]++
 		if err := s.checkSessionID(id); err != nil {
 			return err
 		}
@@ -129,6 +134,14 @@ func (s *State) Verify() error {
 	}
 	if attempts != live {
 		return fmt.Errorf("%d live attempts in sessions, %d holders and waiters in keys", attempts, live)
+	}
+	if len(owned) != len(s.owned) {
+		return fmt.Errorf("sessions of %d owners counted for %d", len(owned), len(s.owned))
+	}
+	for owner, n := range owned {
+		if s.owned[owner] != n {
+			return fmt.Errorf("owner %q: %d sessions counted, %d live", owner, s.owned[owner], n)
+		}
 	}
 	for r, ms := range s.maxHold {
 		if at := s.lookup(r); ms == 0 || at == nil || !at.state.live() {

@@ -57,7 +57,8 @@ const (
 	tagGroup
 	tagFlags
 	tagMaxHold
-	maxTag = tagMaxHold
+	tagCapped
+	maxTag = tagCapped
 )
 
 // EncodeCommands encodes a batch for one Raft entry in the newest format,
@@ -98,7 +99,7 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: %v", i, ErrUnsupported, c.Op)
 		}
 		if format != FormatTagged && c.level3() {
-			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: a Label, Kind, Permits, Group or Flags needs format %d, not %d", i, ErrUnsupported, FormatTagged, format)
+			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: a Label, Kind, Permits, Group, Flags, MaxHoldMillis or Capped needs format %d, not %d", i, ErrUnsupported, FormatTagged, format)
 		}
 		if format == FormatTagged {
 			encodeTagged(e, c)
@@ -114,7 +115,7 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 
 // MinCommandFormat is the oldest command format that can carry cmds:
 // FormatTagged when one uses a field or op of level 3 (a Label, Kind,
-// Permits, Group, Flags or MaxHoldMillis; ExpireHold), else
+// Permits, Group, Flags, MaxHoldMillis or Capped; ExpireHold), else
 // FormatPositional. A batch is
 // written in at least this format even by a peer whose view of the
 // cluster's level still says 1: a Label is set only once level 3 is
@@ -132,7 +133,7 @@ func MinCommandFormat(cmds []Command) byte {
 // level3 reports whether c uses a field or op of feature level 3, which
 // only FormatTagged carries.
 func (c *Command) level3() bool {
-	return c.Label != 0 || c.Kind != 0 || c.Permits != 0 || c.Group != 0 || c.Flags != 0 || c.MaxHoldMillis != 0 || c.Op > OpLeaderTerm
+	return c.Label != 0 || c.Kind != 0 || c.Permits != 0 || c.Group != 0 || c.Flags != 0 || c.MaxHoldMillis != 0 || c.Capped || c.Op > OpLeaderTerm
 }
 
 func encodePositional(e *msgpack.Encoder, c *Command) {
@@ -156,7 +157,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 	for _, present := range [...]bool{
 		true, c.Session != 0, c.Req != 0, c.Ack != 0, c.Key != "", c.Wait,
 		c.Limit != 0, c.Target != 0, c.Owner != "", c.TTLMillis != 0, c.Term != 0, c.Label != 0,
-		c.Kind != 0, c.Permits != 0, c.Group != 0, c.Flags != 0, c.MaxHoldMillis != 0,
+		c.Kind != 0, c.Permits != 0, c.Group != 0, c.Flags != 0, c.MaxHoldMillis != 0, c.Capped,
 	} {
 		if present {
 			n++
@@ -195,6 +196,10 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 	num(tagGroup, uint64(c.Group))
 	num(tagFlags, uint64(c.Flags))
 	num(tagMaxHold, c.MaxHoldMillis)
+	if c.Capped {
+		_ = e.EncodeUint(tagCapped)
+		_ = e.EncodeBool(true)
+	}
 }
 
 // DecodeCommands decodes what EncodeCommands or EncodeCommandsFormat
@@ -321,6 +326,10 @@ func (d *decoder) tagged(c *Command) {
 			c.Flags = Flags(d.nonzero("flags", d.uint("flags", math.MaxUint8)))
 		case tagMaxHold:
 			c.MaxHoldMillis = d.nonzero("maxHoldMillis", d.uint("maxHoldMillis", math.MaxUint64))
+		case tagCapped:
+			if c.Capped = d.bool("capped"); !c.Capped {
+				d.fail("capped: false is written by leaving the field out")
+			}
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("lockfsm: decode commands: %w: field tag %d at byte %d, written by a newer release: upgrade this peer", ErrUnsupported, tag, d.pos)

@@ -14,7 +14,7 @@ import (
 
 var sampleCommands = []Command{
 	{Op: OpOpenSession, Owner: "node-1", TTLMillis: 10_000},
-	{Op: OpOpenSession, Owner: "node-2", TTLMillis: 5_000, Label: math.MaxUint64},
+	{Op: OpOpenSession, Owner: "node-2", TTLMillis: 5_000, Label: math.MaxUint64, Capped: true},
 	{Op: OpAcquire, Session: 1, Req: 200, Ack: 150, Key: "invoice/42", Wait: true, Limit: 1},
 	{Op: OpAcquire, Session: math.MaxUint64, Req: math.MaxUint32 + 1, Key: strings.Repeat("k", MaxKeyLen), Limit: math.MaxUint32},
 	{Op: OpRelease, Session: 1, Req: 201, Target: 200},
@@ -122,6 +122,7 @@ func TestDecodeTaggedErrors(t *testing.T) {
 		"explicit zero":    {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagReq, 0},
 		"explicit empty":   {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagKey, 0xa0},
 		"explicit false":   {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagWait, 0xc2},
+		"capped false":     {FormatTagged, 0x91, 0x82, tagOp, byte(OpOpenSession), tagCapped, 0xc2},
 		"wrong type":       {FormatTagged, 0x91, 0x82, tagOp, byte(OpAcquire), tagKey, 0x01},
 		"record not map":   {FormatTagged, 0x91, 0x91, 0x01},
 		"map too long":     {FormatTagged, 0x91, 0x8f, tagOp, byte(OpAcquire)},

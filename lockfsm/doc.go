@@ -15,6 +15,28 @@
 // graceful version. Both release everything the session holds, drop its
 // waiters and forget it; later commands for it get StatusNoSession.
 //
+// # Session caps
+//
+// A shard holds at most MaxSessions sessions, and at most
+// MaxSessionsPerOwner of one owner. The caps are rules of the state
+// machine, checked when an entry is applied: an OpenSession marked Capped
+// is refused with StatusSessionLimit, its Err naming the cap and the
+// count, when the shard or its owner is full. So every replica refuses the
+// same opens, and proposals accepted at the same time by different peers
+// cannot together open more than the caps allow: they are applied one
+// after the other, each against the counts the one before left. (A peer
+// also checks the caps where it accepts a proposal, against the counts its
+// replica last applied: that only refuses a flood before it reaches Raft.)
+// The state counts the live sessions of each owner, on every open, close
+// and expiry, so the check costs O(1); snapshots do not carry the counts:
+// Load counts them from the sessions, and Verify checks them.
+//
+// Capped gates the rule, so that a log replays as it was first applied.
+// Writers mark every OpenSession from feature level 3 on; below it, some
+// replicas run releases that do not know the caps, and an unmarked
+// OpenSession opens its session whatever the counts (it is still counted,
+// so a marked one after it sees the table as it is).
+//
 // # Leader terms
 //
 // An expiry is a decision of one leader, taken on its own clock and its own

@@ -42,10 +42,10 @@ func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
 		c.lastToken[g.Key] = g.Token
 	}
 	for i, r := range rs {
-		if r.Status < StatusOK || r.Status > StatusLimitMismatch {
+		if r.Status < StatusOK || r.Status > StatusSessionLimit {
 			return rs, gs, fmt.Errorf("entry %d: command %d: bad status %d", c.index, i, r.Status)
 		}
-		explained := r.Status == StatusInvalid || r.Status == StatusStaleTerm || r.Status == StatusMismatch || r.Status == StatusDeadlock || r.Status == StatusLimitMismatch
+		explained := r.Status == StatusInvalid || r.Status == StatusStaleTerm || r.Status == StatusMismatch || r.Status == StatusDeadlock || r.Status == StatusLimitMismatch || r.Status == StatusSessionLimit
 		if explained != (r.Err != "") {
 			return rs, gs, fmt.Errorf("entry %d: command %d: status %v with err %q", c.index, i, r.Status, r.Err)
 		}
@@ -99,6 +99,7 @@ func genLog(data []byte) [][]Command {
 				if b&0x40 != 0 {
 					c.Label = uint64(b)<<32 | 1
 				}
+				c.Capped = b&0x20 != 0
 			case 2, 3, 4, 5, 6:
 				c.Op = OpAcquire
 				if b&0x40 != 0 { // the lock family
@@ -288,7 +289,7 @@ func genFamilyLog(data []byte) [][]Command {
 		var entry []Command
 		for slot := range ids {
 			if ids[slot] == 0 {
-				entry = append(entry, Command{Op: OpOpenSession, Owner: fmt.Sprintf("n%d", slot), TTLMillis: 1000, Label: uint64(slot) + 1})
+				entry = append(entry, Command{Op: OpOpenSession, Owner: fmt.Sprintf("n%d", slot), TTLMillis: 1000, Label: uint64(slot) + 1, Capped: true})
 				ids[slot], reqs[slot] = index, 0
 				break // one open per entry keeps ids equal to the index
 			}

@@ -60,6 +60,19 @@ const (
 	MaxSnapshotSize = 1 << 30
 )
 
+// Session caps, enforced by Apply on every Capped OpenSession (feature
+// level 3): it is refused with StatusSessionLimit when the shard already
+// holds MaxSessions sessions, or its owner MaxSessionsPerOwner of them.
+// They are part of the replicated rules, so every replica of a release
+// refuses the same opens; a release that changes them changes what its
+// replicas apply, and needs a new feature level like any other rule.
+const (
+	// MaxSessions is the most sessions a shard holds.
+	MaxSessions = 1 << 16
+	// MaxSessionsPerOwner is the most sessions of one owner a shard holds.
+	MaxSessionsPerOwner = 1 << 12
+)
+
 // extraSessionBit marks the IDs of the second and later sessions opened by
 // one entry. See OpOpenSession.
 const extraSessionBit = 1 << 63
@@ -74,7 +87,8 @@ type Op uint8
 // The commands of the lock state machine.
 const (
 	// OpOpenSession opens a session for Owner with TTLMillis, and Label
-	// when one is given (FormatTagged only). The result
+	// when one is given (FormatTagged only); a Capped one is refused with
+	// StatusSessionLimit when the session caps are reached. The result
 	// carries the new session ID: the entry index for the first OpenSession
 	// of an entry, and 1<<63 | index<<12 | position for any later one in the
 	// same entry (position is the command's place in the batch), so IDs are
@@ -162,6 +176,15 @@ type Command struct {
 	// queries return with every holder. 0 means none. Only FormatTagged
 	// carries it (tag 12): a cluster writes it from feature level 3 on.
 	Label uint64
+	// Capped makes an OpenSession subject to the session caps
+	// (MaxSessions, MaxSessionsPerOwner), enforced when the entry is
+	// applied, so every replica refuses the same opens and concurrent
+	// proposals cannot together open more than the caps allow. Every
+	// writer at feature level 3 sets it; an OpenSession without it (any
+	// entry written below level 3) is applied as before caps existed, so
+	// the logs of older clusters replay as they were first applied. Only
+	// FormatTagged carries it (tag 18).
+	Capped bool
 
 	// The lock family (Acquire; FormatTagged only, from feature level 3).
 	//
@@ -233,6 +256,11 @@ const (
 	// StatusLimitMismatch: a semaphore Acquire whose permit count (Limit)
 	// differs from the key's; Err names both. Nothing changed.
 	StatusLimitMismatch
+	// StatusSessionLimit: a Capped OpenSession refused because the shard
+	// holds MaxSessions sessions, or its owner MaxSessionsPerOwner; Err
+	// names the cap and the count. No session was opened. Only Capped
+	// opens get it, so only proposers of feature level 3 read it.
+	StatusSessionLimit
 )
 
 // String returns the status name.
@@ -264,6 +292,8 @@ func (s Status) String() string {
 		return "Deadlock"
 	case StatusLimitMismatch:
 		return "LimitMismatch"
+	case StatusSessionLimit:
+		return "SessionLimit"
 	}
 	return fmt.Sprintf("Status(%d)", uint8(s))
 }
@@ -277,7 +307,7 @@ type Result struct {
 	// Release that released or had released a grant).
 	Token uint64
 	// Err explains a StatusInvalid, StatusStaleTerm, StatusMismatch,
-	// StatusDeadlock or StatusLimitMismatch.
+	// StatusDeadlock, StatusLimitMismatch or StatusSessionLimit.
 	Err string
 	// Holders are the key's holders when an Acquire with FlagDetail is
 	// refused (StatusLocked), in grant order, at most maxDetailHolders.
@@ -535,7 +565,11 @@ type State struct {
 	// any): the only term whose ExpireSession applies.
 	term     uint64
 	sessions map[uint64]*session
-	keys     map[string]*lockKey
+	// owned counts the live sessions of each owner that has one, so the
+	// session caps cost O(1) per OpenSession; len(sessions) is the total.
+	// It is not in snapshots: Load counts it from the sessions.
+	owned map[string]int
+	keys  map[string]*lockKey
 	// maxHold is the MaxHoldMillis of the live attempts that have one:
 	// few do, so it is kept beside the attempts rather than in each.
 	maxHold map[ref]uint64
@@ -547,7 +581,7 @@ type ref struct{ session, req uint64 }
 
 // New returns an empty state at index 0 whose first grant gets token 1.
 func New() *State {
-	return &State{sessions: map[uint64]*session{}, keys: map[string]*lockKey{}, maxHold: map[ref]uint64{}}
+	return &State{sessions: map[uint64]*session{}, owned: map[string]int{}, keys: map[string]*lockKey{}, maxHold: map[ref]uint64{}}
 }
 
 // Index returns the index of the last applied entry (0 before any).
@@ -618,6 +652,11 @@ func (a *applier) openSession(c *Command, pos int, extra bool) Result {
 	if len(c.Owner) > MaxOwnerLen {
 		return invalid(fmt.Sprintf("OpenSession: owner is %d bytes, longer than the limit of %d", len(c.Owner), MaxOwnerLen))
 	}
+	if c.Capped {
+		if res, full := a.s.capped(c.Owner); full {
+			return res
+		}
+	}
 	id := a.index
 	if extra {
 		if a.index > maxExtraSessionIndex || pos >= MaxBatch {
@@ -625,8 +664,34 @@ func (a *applier) openSession(c *Command, pos int, extra bool) Result {
 		}
 		id = extraSessionBit | a.index<<12 | uint64(pos)
 	}
-	a.s.sessions[id] = &session{id: id, owner: c.Owner, ttl: c.TTLMillis, label: c.Label, reqs: map[uint64]*attempt{}}
+	a.s.addSession(&session{id: id, owner: c.Owner, ttl: c.TTLMillis, label: c.Label, reqs: map[uint64]*attempt{}})
 	return Result{Status: StatusOK, Session: id}
+}
+
+// capped applies the session caps to a new session of owner: full is
+// true, with the refusal, when the shard or the owner has no room left.
+func (s *State) capped(owner string) (res Result, full bool) {
+	switch {
+	case len(s.sessions) >= MaxSessions:
+		return Result{Status: StatusSessionLimit, Err: fmt.Sprintf("OpenSession: the shard holds %d sessions, the limit MaxSessions is %d", len(s.sessions), MaxSessions)}, true
+	case s.owned[owner] >= MaxSessionsPerOwner:
+		return Result{Status: StatusSessionLimit, Err: fmt.Sprintf("OpenSession: owner %q holds %d sessions on the shard, the limit MaxSessionsPerOwner is %d", owner, s.owned[owner], MaxSessionsPerOwner)}, true
+	}
+	return Result{}, false
+}
+
+// addSession adds sess to the live sessions and counts it for its owner.
+func (s *State) addSession(sess *session) {
+	s.sessions[sess.id] = sess
+	s.owned[sess.owner]++
+}
+
+// dropSession forgets the live session sess and uncounts it.
+func (s *State) dropSession(sess *session) {
+	delete(s.sessions, sess.id)
+	if s.owned[sess.owner]--; s.owned[sess.owner] == 0 {
+		delete(s.owned, sess.owner)
+	}
 }
 
 func (a *applier) apply(c *Command) Result {
@@ -975,7 +1040,7 @@ func (a *applier) endSession(sess *session) {
 			a.unhold(sess, req, at)
 		}
 	}
-	delete(a.s.sessions, sess.id)
+	a.s.dropSession(sess)
 	// A mutex queue only ever waits on its holders, so a waiter leaving
 	// frees nothing there (and a mutex key's order of hand-offs stays
 	// what it was before the lock family). On the other roles, and on a

@@ -123,6 +123,14 @@ func (s *State) Session(id uint64) (info SessionInfo, ok bool) {
 	return sess.info(), true
 }
 
+// SessionCount returns how many sessions the shard holds, and how many of
+// them owner has: the counts the session caps are checked against
+// (MaxSessions, MaxSessionsPerOwner). It costs O(1), so a peer may ask it
+// for every OpenSession it accepts.
+func (s *State) SessionCount(owner string) (total, owned int) {
+	return len(s.sessions), s.owned[owner]
+}
+
 // Stats counts what the state holds.
 type Stats struct {
 	// Index is the last applied entry index.

@@ -338,7 +338,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 				return nil, d.err
 			}
 		}
-		s.sessions[sess.id] = sess
+		s.addSession(sess) // counts it for its owner: the counts are not in the snapshot
 	}
 
 	n, err = d.arrayLen("keys", kFields+1)
