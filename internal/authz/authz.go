@@ -18,7 +18,15 @@
 //     with a huge term would freeze a shard's expiries for ever).
 //  2. A session's TTL is at most MaxSessionTTL, and a shard holds at most
 //     MaxSessions sessions, MaxSessionsPerOwner of them per owner: no
-//     caller holds a key for ever or fills the table.
+//     caller holds a key for ever or fills the table. The state machine
+//     enforces the session caps when it applies an OpenSession marked
+//     Capped (lockfsm.Command.Capped), which every peer marks from feature
+//     level 3 on: that is the guarantee, deterministic and immune to
+//     proposals accepted at once. Here, where a command is accepted, the
+//     caps are checked against the counts the replica last applied, only
+//     to refuse a flood before it reaches Raft; and from level 3 on an
+//     OpenSession proposed as written (over the Raft port) must carry the
+//     mark, or it would escape the caps.
 //  3. With identity, a caller must be a known peer (a member of the
 //     layout, or of the gossip mesh, which a key guards) for anything but
 //     bootstrap; a certificate of the cluster's CA for another name gets
@@ -63,11 +71,12 @@ var ErrForbidden = errors.New("lockmesh: forbidden")
 const (
 	// MaxSessionTTL is the longest session TTL a peer accepts.
 	MaxSessionTTL = time.Hour
-	// MaxSessions is the most sessions a shard accepts opening.
-	MaxSessions = 1 << 16
+	// MaxSessions is the most sessions a shard accepts opening: the state
+	// machine's cap, which it enforces on apply.
+	MaxSessions = lockfsm.MaxSessions
 	// MaxSessionsPerOwner is the most sessions one owner may have open on
-	// a shard.
-	MaxSessionsPerOwner = 1 << 12
+	// a shard: the state machine's cap, which it enforces on apply.
+	MaxSessionsPerOwner = lockfsm.MaxSessionsPerOwner
 )
 
 // Caller is who sent a request.
@@ -147,15 +156,24 @@ type Sessions interface {
 	// Owner returns the owner of session id, if the replica knows it.
 	Owner(id uint64) (owner string, ok bool)
 	// Count returns how many sessions are open, and how many of them
-	// owner has.
+	// owner has, as the replica last applied. It costs O(1).
 	Count(owner string) (total, owned int)
+	// Capped reports whether an OpenSession must carry
+	// lockfsm.Command.Capped to be accepted: the cluster runs at a
+	// feature level whose writers all mark them, and the commands are
+	// proposed as written (an entry that arrived over the Raft port),
+	// so one without the mark was made to escape the caps.
+	Capped() bool
 }
 
 // Commands applies rules 1, 2 and 4 to commands proposed over the network
 // on one shard. It returns the first refusal.
 func Commands(c Caller, cmds []lockfsm.Command, s Sessions) error {
-	opening := map[string]int{} // sessions these commands open, by owner
-	opened := 0
+	// Sessions the replica holds and these commands open, in all and by
+	// owner, read once per owner. An early refusal only: proposals
+	// accepted meanwhile may commit before these, which is why the state
+	// machine enforces the caps.
+	total, owned := 0, map[string]int{}
 	for i := range cmds {
 		cmd := &cmds[i]
 		switch cmd.Op {
@@ -168,15 +186,23 @@ func Commands(c Caller, cmds []lockfsm.Command, s Sessions) error {
 			if !c.Anonymous() && !c.Is(cmd.Owner) {
 				return forbidden("OpenSession: %s may open sessions only for itself, not for owner %q", c, cmd.Owner)
 			}
-			opening[cmd.Owner]++
-			opened++
-			total, owned := s.Count(cmd.Owner)
-			if total+opened > MaxSessions {
-				return forbidden("OpenSession: the shard holds %d sessions, the limit is %d", total, MaxSessions)
+			if !cmd.Capped && s.Capped() {
+				return forbidden("OpenSession: not marked Capped, as every peer at the cluster's feature level marks it, so the session caps would not apply to it")
 			}
-			if owned+opening[cmd.Owner] > MaxSessionsPerOwner {
-				return forbidden("OpenSession: owner %q holds %d sessions on the shard, the limit is %d", cmd.Owner, owned, MaxSessionsPerOwner)
+			n, ok := owned[cmd.Owner]
+			if !ok {
+				var all int
+				all, n = s.Count(cmd.Owner)
+				total = max(total, all)
 			}
+			if total >= MaxSessions {
+				return forbidden("OpenSession: the shard holds %d sessions, counting those the proposal opens before it; the limit is %d", total, MaxSessions)
+			}
+			if n >= MaxSessionsPerOwner {
+				return forbidden("OpenSession: owner %q holds %d sessions on the shard, counting those the proposal opens before it; the limit is %d", cmd.Owner, n, MaxSessionsPerOwner)
+			}
+			owned[cmd.Owner] = n + 1
+			total++
 		default:
 			if c.Anonymous() {
 				continue

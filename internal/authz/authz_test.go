@@ -20,6 +20,7 @@ var (
 type table map[uint64]string
 
 func (t table) Owner(id uint64) (string, bool) { o, ok := t[id]; return o, ok }
+func (t table) Capped() bool                   { return false }
 func (t table) Count(owner string) (total, owned int) {
 	for _, o := range t {
 		if o == owner {
@@ -29,13 +30,16 @@ func (t table) Count(owner string) (total, owned int) {
 	return len(t), owned
 }
 
-// full claims n sessions, all of owner's.
+// full claims total sessions, owned of them the asked owner's; capped
+// says OpenSessions must be marked Capped.
 type full struct {
 	total, owned int
+	capped       bool
 }
 
 func (f full) Owner(uint64) (string, bool)     { return "", false }
 func (f full) Count(string) (total, owned int) { return f.total, f.owned }
+func (f full) Capped() bool                    { return f.capped }
 
 func check(t *testing.T, what string, err error, allowed bool) {
 	t.Helper()
@@ -55,6 +59,7 @@ func TestCommands(t *testing.T) {
 	open := func(owner string, ttlMillis uint64) lockfsm.Command {
 		return lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: owner, TTLMillis: ttlMillis}
 	}
+	capped := func(c lockfsm.Command) lockfsm.Command { c.Capped = true; return c }
 	on := func(op lockfsm.Op, session uint64) lockfsm.Command {
 		return lockfsm.Command{Op: op, Session: session, Key: "k", Req: 1, Target: 1}
 	}
@@ -82,6 +87,11 @@ func TestCommands(t *testing.T) {
 		{"two opens for the last slot", api1, []lockfsm.Command{open("api-1", 10_000), open("api-1", 10_000)}, full{total: MaxSessions - 1}, false},
 		{"open over the owner's limit", api1, []lockfsm.Command{open("api-1", 10_000)}, full{total: MaxSessionsPerOwner, owned: MaxSessionsPerOwner}, false},
 		{"open over the owner's limit, anonymous", anon, []lockfsm.Command{open("x", 10_000)}, full{total: 5000, owned: MaxSessionsPerOwner}, false},
+		{"two opens for the owner's last slot", api1, []lockfsm.Command{open("api-1", 10_000), open("api-1", 10_000)}, full{total: 5000, owned: MaxSessionsPerOwner - 1}, false},
+		{"unmarked open where the level marks them", api1, []lockfsm.Command{open("api-1", 10_000)}, full{capped: true}, false},
+		{"unmarked open where the level marks them, anonymous", anon, []lockfsm.Command{open("x", 10_000)}, full{capped: true}, false},
+		{"marked open where the level marks them", api1, []lockfsm.Command{capped(open("api-1", 10_000))}, full{capped: true}, true},
+		{"marked open below that level", api1, []lockfsm.Command{capped(open("api-1", 10_000))}, full{}, true},
 		{"acquire in own session", api1, []lockfsm.Command{on(lockfsm.OpAcquire, 7)}, sessions, true},
 		{"release own", api1, []lockfsm.Command{on(lockfsm.OpRelease, 7)}, sessions, true},
 		{"release another's", api1, []lockfsm.Command{on(lockfsm.OpRelease, 8)}, sessions, false},
@@ -93,6 +103,37 @@ func TestCommands(t *testing.T) {
 		{"own release batched with another's", api1, []lockfsm.Command{on(lockfsm.OpRelease, 7), on(lockfsm.OpRelease, 8)}, sessions, false},
 	} {
 		check(t, tc.name, Commands(tc.caller, tc.cmds, tc.s), tc.allowed)
+	}
+}
+
+// counting claims owned sessions of each owner, and counts the reads.
+type counting struct{ owned, reads int }
+
+func (c *counting) Owner(uint64) (string, bool) { return "", false }
+func (c *counting) Count(string) (total, owned int) {
+	c.reads++
+	return 100, c.owned
+}
+func (c *counting) Capped() bool { return false }
+
+// A proposal's opens are counted against one read per owner, not one
+// per open: the flood of the review (4,096 opens in one RPC) costs as
+// many reads as it names owners, and is refused at the owner's limit.
+func TestCommandsReadCountsOncePerOwner(t *testing.T) {
+	var cmds []lockfsm.Command
+	for i := range lockfsm.MaxBatch {
+		cmds = append(cmds, lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: []string{"x", "y"}[i%2], TTLMillis: 1000})
+	}
+	perOwner := lockfsm.MaxBatch / 2
+	c := &counting{owned: MaxSessionsPerOwner - perOwner}
+	check(t, "opens up to the owners' limits", Commands(anon, cmds, c), true)
+	if c.reads != 2 {
+		t.Fatalf("%d reads of the counts for two owners, want 2", c.reads)
+	}
+	c = &counting{owned: MaxSessionsPerOwner - perOwner + 1}
+	check(t, "an open past the owner's limit", Commands(anon, cmds, c), false)
+	if c.reads != 2 {
+		t.Fatalf("%d reads of the counts for two owners, want 2", c.reads)
 	}
 }
 

@@ -12,6 +12,9 @@ type Sessions struct {
 	// Read runs a StateReader on the local replica of a shard: the
 	// NodeHost's StaleRead.
 	Read func(shard uint64, query any) (any, error)
+	// RequireCapped is what Capped answers: OpenSessions must carry
+	// lockfsm.Command.Capped (authz.Sessions).
+	RequireCapped bool
 }
 
 // Owner returns the owner of session id; false when the replica does not
@@ -29,17 +32,12 @@ func (s Sessions) Owner(id uint64) (string, bool) {
 }
 
 // Count returns how many sessions the shard has, and how many of them
-// owner owns; 0, 0 when the replica cannot be read.
+// owner owns, from the counts the state keeps for the session caps: O(1),
+// not a pass over the sessions. 0, 0 when the replica cannot be read.
 func (s Sessions) Count(owner string) (total, owned int) {
 	v, err := s.Read(s.Shard, StateReader(func(st *lockfsm.State) any {
-		all := st.Sessions()
-		c := [2]int{len(all), 0}
-		for _, si := range all {
-			if si.Owner == owner {
-				c[1]++
-			}
-		}
-		return c
+		total, owned := st.SessionCount(owner)
+		return [2]int{total, owned}
 	}))
 	c, _ := v.([2]int)
 	if err != nil {
@@ -47,3 +45,6 @@ func (s Sessions) Count(owner string) (total, owned int) {
 	}
 	return c[0], c[1]
 }
+
+// Capped reports RequireCapped.
+func (s Sessions) Capped() bool { return s.RequireCapped }
