@@ -1,6 +1,7 @@
 // Package transporttest provides helpers for tests of transport and of the
 // packages built on it: a throwaway certificate authority that issues
-// mutual-TLS configs for loopback peers.
+// mutual-TLS configs for loopback peers, and connections that stall
+// before or in their TLS handshake, from any loopback address.
 package transporttest
 
 import (
