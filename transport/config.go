@@ -38,9 +38,15 @@ const (
 	// DefaultIdleTimeout closes a server connection that has received no
 	// frame and answered no request for this long.
 	DefaultIdleTimeout = 2 * time.Minute
-	// DefaultMaxConns caps the connections a Server holds at once.
+	// DefaultMaxConns caps the proven connections a Server holds at
+	// once.
 	DefaultMaxConns = 1024
-	// DefaultMaxConnsPerIP caps the connections from one remote address.
+	// DefaultMaxUnprovenConns caps the connections a Server holds that
+	// have not yet proved themselves: twice DefaultMaxConnsPerIP, so
+	// that one address cannot fill it alone.
+	DefaultMaxUnprovenConns = 256
+	// DefaultMaxConnsPerIP caps the unproven connections, and the
+	// strangers' proven ones, from one remote address.
 	DefaultMaxConnsPerIP = 128
 	// DefaultMaxPendingBytes caps the request and response bytes one
 	// server connection holds: two of the largest frames.
@@ -95,7 +101,8 @@ type Config struct {
 	// HandshakeTimeout bounds how long a new server connection may take to
 	// complete its TLS handshake (also bounded by DialTimeout) and its
 	// first frame; one that has not sent a whole frame by then is closed.
-	// 0 means DefaultHandshakeTimeout.
+	// It is how long a stalled connection holds an unproven slot, at
+	// most (MaxUnprovenConns). 0 means DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 
 	// IdleTimeout closes a server connection that has neither received a
@@ -109,32 +116,50 @@ type Config struct {
 	// both ends the same value. 0 means DefaultIdleTimeout.
 	IdleTimeout time.Duration
 
-	// MaxConns caps the connections a Server holds open at once; a
-	// connection accepted beyond it is closed at once (and logged).
+	// MaxConns caps the proven connections a Server holds open at once:
+	// with TLS, those whose handshake is done; without, those that have
+	// sent a valid request. A connection that proves itself over it is
+	// closed (and logged) before its first request is handled. Connections
+	// still proving themselves count against MaxUnprovenConns instead.
 	// 0 means DefaultMaxConns.
 	MaxConns int
 
-	// MaxConnsPerIP caps the connections a Server holds from one remote IP
-	// address, so that one host cannot take all of MaxConns. Known peers'
-	// connections are not counted. 0 means DefaultMaxConnsPerIP.
+	// MaxUnprovenConns caps the connections a Server holds that have not
+	// yet proved themselves (see MaxConns). None is refused: a new one
+	// makes room by closing the oldest unproven connection from its IP
+	// when that IP has MaxConnsPerIP of them, else the oldest of all when
+	// MaxUnprovenConns are unproven. So connections that stall before or
+	// in their handshake (HandshakeTimeout closes them) cannot keep a
+	// peer out, and an IP at its MaxConnsPerIP pushes out only its own.
+	// To push out a peer's connection, a flood must open MaxUnprovenConns
+	// connections (MaxConnsPerIP from the peer's own IP) while that one
+	// completes its handshake; the peer then redials. 0 means
+	// DefaultMaxUnprovenConns.
+	MaxUnprovenConns int
+
+	// MaxConnsPerIP caps, per remote IP address, the unproven connections
+	// (one more pushes out that IP's oldest) and, separately, the
+	// strangers' proven ones (one more is closed). Members' connections
+	// (Known) are not counted. 0 means DefaultMaxConnsPerIP.
 	MaxConnsPerIP int
 
-	// Known, when non-nil, tells a known peer's connection from a
-	// stranger's, so that strangers cannot fill MaxConns: they hold at
-	// most MaxConns-ReservedConns, while a known peer is admitted as long
-	// as fewer than MaxConns are open. nil makes everyone a stranger with
-	// all of MaxConns to share. The Server calls it with a nil state from
-	// its accept loop for every new connection (it must not block, and
-	// may answer by remote's IP); with TLS, it calls it again from the
-	// connection's goroutine with the verified handshake state, and that
-	// answer decides (a stranger whose address passed is then closed if
-	// the strangers' share is full). It must be safe for concurrent use.
-	// node supplies one that knows its peers' addresses and certificate
-	// names.
+	// Known, when non-nil and with TLS, tells a member's connection from
+	// a stranger's by the verified certificate, so that strangers cannot
+	// fill MaxConns: they hold at most MaxConns-ReservedConns, while a
+	// member is admitted as long as fewer than MaxConns are proven. The
+	// Server calls it once per connection, from the connection's
+	// goroutine, right after the TLS handshake, with its state (never
+	// nil; remote is the TCP peer's address); it must be safe for
+	// concurrent use and must not block for long. Without TLS it is never
+	// called: an address proves nothing (127.0.0.1 is every local
+	// process), so every connection is a stranger's. nil makes everyone
+	// a stranger with all of MaxConns to share. node supplies one that
+	// knows the layout's peers by their certificates' names.
 	Known func(remote net.Addr, state *tls.ConnectionState) bool
 
 	// ReservedConns is the part of MaxConns strangers cannot take when
-	// Known is set (it has no effect without). 0 means MaxConns/4.
+	// Known is set and TLS is on (it has no effect otherwise: nobody could
+	// use it). 0 means MaxConns/4.
 	ReservedConns int
 
 	// Dial, when non-nil, replaces the TCP dialer: tests use it to put a
@@ -156,6 +181,7 @@ func DefaultConfig() Config {
 		HandshakeTimeout:      DefaultHandshakeTimeout,
 		IdleTimeout:           DefaultIdleTimeout,
 		MaxConns:              DefaultMaxConns,
+		MaxUnprovenConns:      DefaultMaxUnprovenConns,
 		MaxConnsPerIP:         DefaultMaxConnsPerIP,
 		MaxPendingBytes:       DefaultMaxPendingBytes,
 		ReservedConns:         DefaultMaxConns / 4,
@@ -192,6 +218,7 @@ func (c Config) Validate() error {
 		def   int
 	}{
 		{"MaxConns", c.MaxConns, DefaultMaxConns},
+		{"MaxUnprovenConns", c.MaxUnprovenConns, DefaultMaxUnprovenConns},
 		{"MaxConnsPerIP", c.MaxConnsPerIP, DefaultMaxConnsPerIP},
 		{"MaxPendingBytes", c.MaxPendingBytes, DefaultMaxPendingBytes},
 		{"ReservedConns", c.ReservedConns, cmp.Or(c.MaxConns, DefaultMaxConns) / 4},
@@ -225,6 +252,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns
+	}
+	if c.MaxUnprovenConns == 0 {
+		c.MaxUnprovenConns = DefaultMaxUnprovenConns
 	}
 	if c.MaxConnsPerIP == 0 {
 		c.MaxConnsPerIP = DefaultMaxConnsPerIP

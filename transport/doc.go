@@ -44,20 +44,36 @@
 //
 // # Limits
 //
-// A Server holds at most MaxConns connections (default 1024), at most
-// MaxConnsPerIP (128) from one IP address; one more is closed as soon as
-// it is accepted. A new connection must complete its TLS handshake and
-// first frame within HandshakeTimeout (5 s). After that, a connection that
-// has neither sent a frame nor had a request answered for IdleTimeout
-// (2 min) is closed, and a frame that has begun must arrive whole, and a
-// batch of responses be written, within IdleTimeout (at least half of it). A
-// Client closes a pooled connection that has had no call for
-// IdleTimeout/2, before the server would, and redials on the next call, so
-// idle closes never fail a call when both ends use the same IdleTimeout.
+// A connection is unproven from its accept until it proves itself: with
+// TLS by completing its handshake, without TLS by sending a valid first
+// request. It must do so within HandshakeTimeout (5 s); until then it
+// holds one of MaxUnprovenConns (256) slots, at most MaxConnsPerIP (128)
+// of them from one IP address, and is never refused: a new connection
+// makes room by closing its address's oldest unproven one, or the oldest
+// of all. Connections that stall before or in their handshake therefore
+// cannot keep a peer out (internal/connslots states the rules).
 //
-// With Config.Known set, strangers share only MaxConns-ReservedConns
-// (ReservedConns defaults to MaxConns/4), so that they cannot keep known
-// peers out. A connection holds at most MaxPendingBytes (8 MiB) of
-// request bodies being handled and responses not yet written, plus one
-// frame; at that it reads no more requests until its peer reads.
+// Proven connections are capped at MaxConns (1024). With TLS and
+// Config.Known, the verified certificate tells a member's connection
+// from a stranger's; strangers share only MaxConns-ReservedConns
+// (ReservedConns defaults to MaxConns/4) and MaxConnsPerIP from one
+// address, so they cannot keep members out, whatever address they come
+// from. Without TLS nobody can prove who it is (127.0.0.1 is every local
+// process): every connection is a stranger's, and whoever can send valid
+// requests from a peer's address shares that address's MaxConnsPerIP
+// slots with it. A plaintext cluster, on one host or not, trusts every
+// process that can reach its ports. One proven over its caps is closed
+// before its first request is handled.
+//
+// After its first frame, a connection that has neither sent a frame nor
+// had a request answered for IdleTimeout (2 min) is closed, and a frame
+// that has begun must arrive whole, and a batch of responses be written,
+// within IdleTimeout (at least half of it). A Client closes a pooled
+// connection that has had no call for IdleTimeout/2, before the server
+// would, and redials on the next call, so idle closes never fail a call
+// when both ends use the same IdleTimeout.
+//
+// A connection holds at most MaxPendingBytes (8 MiB) of request bodies
+// being handled and responses not yet written, plus one frame; at that it
+// reads no more requests until its peer reads.
 package transport

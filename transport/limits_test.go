@@ -194,35 +194,45 @@ func TestSlowlorisClosed(t *testing.T) {
 	}
 }
 
-// A connection over MaxConns, or over MaxConnsPerIP from one address, is
-// closed as soon as it is accepted; others still get in, and a freed slot
-// can be used again.
+// Connections that have proved themselves (without TLS, by a valid
+// request) are capped: one over MaxConnsPerIP from an address, or over
+// MaxConns, is closed at its first request, and a freed slot is used
+// again. Connections that sent nothing are never refused: one over
+// MaxConnsPerIP from an address closes that address's oldest instead.
 func TestConnectionLimits(t *testing.T) {
 	cfg := transport.Config{MaxConns: 8, MaxConnsPerIP: 5, HandshakeTimeout: time.Minute}
 	s := listen(t, cfg, echo)
 
-	a := rawConns(t, s.Addr(), "127.0.0.2", 6)
-	if closed := closedOnceClosed(a, 5); count(closed) != 1 || !closed[5] {
-		t.Fatalf("6 connections from one address with MaxConnsPerIP 5: closed %v, want only the 6th", closed)
+	silent := rawConns(t, s.Addr(), "127.0.0.2", 6)
+	if closed := closedOnceClosed(silent, 0); count(closed) != 1 || !closed[0] {
+		t.Fatalf("6 silent connections from one address with MaxConnsPerIP 5: closed %v, want only the 1st", closed)
 	}
-	b := rawConns(t, s.Addr(), "127.0.0.3", 4)
-	if closed := closedOnceClosed(b, 3); count(closed) != 1 || !closed[3] {
-		t.Fatalf("4 more from another address with MaxConns 8 and 5 held: closed %v, want only the 4th", closed)
+	var held []*transport.Client
+	call := func(ip string) error {
+		c := newClient(t, transport.Config{Dial: dialFrom(ip, nil)})
+		held = append(held, c)
+		_, err := c.Call(ctxTimeout(t, 30*time.Second), s.Addr(), 1, nil)
+		return err
 	}
-	c := newClient(t, transport.Config{Dial: dialFrom("127.0.0.4", nil)})
-	if _, err := c.Call(ctxTimeout(t, 30*time.Second), s.Addr(), 1, nil); !errors.Is(err, transport.ErrUnavailable) {
-		t.Fatalf("call with all %d connections taken = %v, want ErrUnavailable", cfg.MaxConns, err)
-	}
-	// Free one: the next call gets the slot.
-	a[0].Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := c.Call(ctxTimeout(t, 5*time.Second), s.Addr(), 1, nil)
-		if err == nil {
-			break
+	for i, c := range []struct {
+		ip string
+		ok bool
+	}{
+		{"127.0.0.3", true}, {"127.0.0.3", true}, {"127.0.0.3", true}, {"127.0.0.3", true}, {"127.0.0.3", true},
+		{"127.0.0.3", false}, // MaxConnsPerIP
+		{"127.0.0.4", true}, {"127.0.0.4", true}, {"127.0.0.4", true},
+		{"127.0.0.5", false}, // MaxConns
+	} {
+		if err := call(c.ip); c.ok != (err == nil) || (err != nil && !errors.Is(err, transport.ErrUnavailable)) {
+			t.Fatalf("call %d from %s: err %v, want kept %v (refused: ErrUnavailable)", i+1, c.ip, err, c.ok)
 		}
+	}
+	// Free one: a new connection gets the slot.
+	held[0].Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for call("127.0.0.5") != nil {
 		if time.Now().After(deadline) {
-			t.Fatalf("no call got the freed slot within 30s: %v", err)
+			t.Fatal("no call got the freed slot within 30s")
 		}
 		time.Sleep(10 * time.Millisecond) // the server notices the close asynchronously
 	}
@@ -549,65 +559,37 @@ func TestUnreadResponsesCloseAfterIdleTimeout(t *testing.T) {
 	}
 }
 
-// Strangers from several addresses fill their share of MaxConns (all of
-// it but ReservedConns) and are refused past it; a known peer still
-// connects and calls. Without TLS, Known answers by address.
-func TestReservedConnsForKnownPeers(t *testing.T) {
-	known := "127.0.0.9"
-	cfg := transport.Config{
-		MaxConns: 8, ReservedConns: 2, MaxConnsPerIP: 8, HandshakeTimeout: time.Minute,
-		Known: func(remote net.Addr, _ *tls.ConnectionState) bool {
-			return remote.(*net.TCPAddr).IP.String() == known
-		},
-	}
-	s := listen(t, cfg, echo)
-
-	var strangers []net.Conn
-	for _, ip := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"} {
-		strangers = append(strangers, rawConns(t, s.Addr(), ip, 2)...)
-	}
-	if closed := closedBy(strangers, time.Now().Add(time.Second)); count(closed) != 2 || !closed[6] || !closed[7] {
-		t.Fatalf("8 strangers with MaxConns 8 and ReservedConns 2: closed %v, want only the last 2", closed)
-	}
-	stranger := newClient(t, transport.Config{Dial: dialFrom("127.0.0.6", nil)})
-	if _, err := stranger.Call(ctxTimeout(t, 2*time.Second), s.Addr(), 1, nil); !errors.Is(err, transport.ErrUnavailable) {
-		t.Fatalf("a stranger's call with the strangers' share full = %v, want ErrUnavailable", err)
-	}
-	for i := range cfg.ReservedConns {
-		peer := newClient(t, transport.Config{Dial: dialFrom(known, nil)})
-		if _, err := peer.Call(ctxTimeout(t, 5*time.Second), s.Addr(), 1, nil); err != nil {
-			t.Fatalf("known peer's connection %d with the strangers' share full: %v", i+1, err)
-		}
-	}
-	// MaxConns still holds for known peers.
-	peer := newClient(t, transport.Config{Dial: dialFrom(known, nil)})
-	if _, err := peer.Call(ctxTimeout(t, 2*time.Second), s.Addr(), 1, nil); !errors.Is(err, transport.ErrUnavailable) {
-		t.Fatalf("known peer's call over MaxConns = %v, want ErrUnavailable", err)
-	}
-}
-
-// With TLS the verified certificate decides: strangers holding valid
-// certificates that Known does not list, dialing from addresses it lets
-// through to the handshake, are closed past their share once it is
-// done, and a listed peer still gets in.
+// With TLS, strangers' certificates hold at most MaxConns-ReservedConns,
+// and MaxConnsPerIP from one IP, even from the peers' own address (what
+// it would be in a loopback cluster); members' certificates are counted
+// by neither and take the rest of MaxConns.
 func TestReservedConnsByCertificate(t *testing.T) {
 	ca := transporttest.NewCA(t)
 	cfg := transport.Config{
-		TLS: ca.Issue("server"), MaxConns: 6, ReservedConns: 2, MaxConnsPerIP: 6,
-		Known: func(_ net.Addr, state *tls.ConnectionState) bool {
-			return state == nil || state.PeerCertificates[0].Subject.CommonName == "peer"
+		TLS: ca.Issue("peer-1"), MaxConns: 6, ReservedConns: 2, MaxConnsPerIP: 2,
+		Known: func(_ net.Addr, st *tls.ConnectionState) bool {
+			return strings.HasPrefix(st.PeerCertificates[0].Subject.CommonName, "peer-")
 		},
 	}
 	s := listen(t, cfg, echo)
-	for i := range 5 {
-		c := newClient(t, transport.Config{TLS: ca.Issue("stranger"), Dial: dialFrom(fmt.Sprintf("127.0.0.%d", 2+i), nil)})
-		_, err := c.Call(ctxTimeout(t, 5*time.Second), s.Addr(), 1, nil)
-		if ok := i < 4; ok != (err == nil) {
-			t.Fatalf("stranger %d of 5 with a share of 4: err %v", i+1, err)
-		}
+	call := func(name, ip string) error {
+		cl := newClient(t, transport.Config{TLS: ca.Issue(name), Dial: dialFrom(ip, nil)})
+		_, err := cl.Call(ctxTimeout(t, 10*time.Second), s.Addr(), 1, nil)
+		return err
 	}
-	peer := newClient(t, transport.Config{TLS: ca.Issue("peer"), Dial: dialFrom("127.0.0.9", nil)})
-	if _, err := peer.Call(ctxTimeout(t, 5*time.Second), s.Addr(), 1, nil); err != nil {
-		t.Fatalf("known peer with the strangers' share full: %v", err)
+	for i, c := range []struct {
+		name, ip string
+		ok       bool
+	}{
+		{"stranger", "127.0.0.1", true}, {"stranger", "127.0.0.1", true},
+		{"stranger", "127.0.0.1", false}, // MaxConnsPerIP
+		{"stranger", "127.0.0.2", true}, {"stranger", "127.0.0.2", true},
+		{"stranger", "127.0.0.3", false}, // 4 = MaxConns less ReservedConns
+		{"peer-2", "127.0.0.1", true}, {"peer-3", "127.0.0.1", true},
+		{"peer-4", "127.0.0.1", false}, // MaxConns
+	} {
+		if err := call(c.name, c.ip); c.ok != (err == nil) {
+			t.Fatalf("connection %d (%s from %s): err %v, want kept %v", i+1, c.name, c.ip, err, c.ok)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/connslots"
 	"github.com/lockmesh/lockmesh/internal/throttle"
 )
 
@@ -36,11 +37,11 @@ type Server struct {
 	ctx    context.Context // cancelled by Close: every handler's ctx derives from it
 	cancel context.CancelFunc
 
-	mu        sync.Mutex
-	conns     map[*serverConn]struct{}
-	perIP     map[string]int // open strangers' connections by remote IP
-	strangers int            // open connections not from known peers
-	closed    bool
+	mu     sync.Mutex
+	conns  map[*serverConn]struct{}
+	closed bool
+
+	slots *connslots.Table // MaxConns, MaxUnprovenConns, MaxConnsPerIP
 
 	refusals throttle.Warner // warnings about connections over the limits
 
@@ -49,7 +50,7 @@ type Server struct {
 
 // Listen listens on the TCP address addr ("127.0.0.1:0" picks a free port)
 // and serves h on it until Close. With Config.TLS set, every connection must
-// complete a TLS handshake within DialTimeout.
+// complete a TLS handshake within HandshakeTimeout (and DialTimeout).
 func Listen(addr string, cfg Config, h Handler) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -86,7 +87,7 @@ func NewServer(ln net.Listener, cfg Config, h Handler) (*Server, error) {
 		ctx:    ctx,
 		cancel: cancel,
 		conns:  make(map[*serverConn]struct{}),
-		perIP:  make(map[string]int),
+		slots:  connslots.New(slotLimits(cfg)),
 	}
 	s.refusals.Every = 10 * time.Second
 	s.wg.Add(1)
@@ -151,111 +152,57 @@ func (s *Server) acceptLoop() {
 			conn.Close()
 			return
 		}
-		// Known is asked outside s.mu: it is the caller's code.
-		s.mu.Unlock()
-		known := s.cfg.Known != nil && s.cfg.Known(conn.RemoteAddr(), nil)
-		s.mu.Lock()
-		if reason := s.overLimit(ip, known); reason != "" || s.closed {
-			s.mu.Unlock()
-			conn.Close()
-			if reason != "" {
-				s.refusals.Warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", remote, "known", known, "limit", reason)
-			}
-			continue
-		}
+		// Every new connection is admitted, unproven: the rules of
+		// internal/connslots may close an older unproven one for it.
+		slot, pushed, why := s.slots.Admit(ip, conn)
+		tconn := conn
 		if s.cfg.TLS != nil {
-			conn = tls.Server(conn, s.cfg.TLS)
+			tconn = tls.Server(conn, s.cfg.TLS)
 		}
 		ctx, cancel := context.WithCancel(s.ctx)
 		sc := &serverConn{
 			s:      s,
-			conn:   conn,
+			conn:   tconn,
 			remote: remote,
-			ip:     ip,
+			slot:   slot,
 			ctx:    ctx,
 			cancel: cancel,
 			queue:  make(chan *[]byte, queueLen),
 			slots:  make(chan struct{}, s.cfg.MaxConcurrentRequests),
 			start:  time.Now(),
 			budget: newByteBudget(s.cfg.MaxPendingBytes),
-			known:  known,
 		}
 		s.conns[sc] = struct{}{}
-		s.count(sc, +1)
 		s.wg.Add(1)
 		s.mu.Unlock()
+		if pushed != nil {
+			pushed.Close()
+			s.refusals.Warn(s.cfg.Logger, "transport: closed the oldest connection that had not proved itself, to make room for a new one", "peer", remote, "limit", why)
+		}
 		go sc.run()
 	}
 }
 
-// overLimit names the limit a new connection from ip would exceed, or
-// returns "". A known peer's connection is refused only over MaxConns; a
-// stranger's also over the strangers' share and MaxConnsPerIP. s.mu must
-// be held.
-func (s *Server) overLimit(ip string, known bool) string {
-	switch {
-	case len(s.conns) >= s.cfg.MaxConns:
-		return fmt.Sprintf("MaxConns %d", s.cfg.MaxConns)
-	case known:
-		return ""
-	case s.strangers >= s.strangerShare():
-		return fmt.Sprintf("MaxConns %d less ReservedConns %d for known peers", s.cfg.MaxConns, s.cfg.ReservedConns)
-	case s.perIP[ip] >= s.cfg.MaxConnsPerIP:
-		return fmt.Sprintf("MaxConnsPerIP %d", s.cfg.MaxConnsPerIP)
+// slotLimits are the connslots limits cfg (with defaults) sets. Only TLS
+// and Known can prove a member, so without both nothing is reserved.
+func slotLimits(cfg Config) connslots.Limits {
+	l := connslots.Limits{MaxConns: cfg.MaxConns, MaxUnproven: cfg.MaxUnprovenConns, MaxPerIP: cfg.MaxConnsPerIP}
+	if cfg.TLS != nil && cfg.Known != nil {
+		l.Reserved = cfg.ReservedConns
 	}
-	return ""
+	return l
 }
 
-// strangerShare is how many connections strangers may hold: all of
-// MaxConns unless Known can tell peers from strangers.
-func (s *Server) strangerShare() int {
-	if s.cfg.Known == nil {
-		return s.cfg.MaxConns
+// prove files sc, which has just proved itself, as a member's connection
+// (by Known, with TLS state st) or a stranger's. It returns false, having
+// logged why, when sc is over its class's limits and must be closed.
+func (s *Server) prove(sc *serverConn, st *tls.ConnectionState) bool {
+	member := st != nil && s.cfg.Known != nil && s.cfg.Known(sc.conn.RemoteAddr(), st)
+	why := s.slots.Prove(sc.slot, member)
+	if why != "" {
+		s.refusals.Warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", sc.remote, "member", member, "limit", why)
 	}
-	return s.cfg.MaxConns - s.cfg.ReservedConns
-}
-
-// count adds d to the counts of connections of sc's class. s.mu must be
-// held.
-func (s *Server) count(sc *serverConn, d int) {
-	if sc.known {
-		return
-	}
-	s.strangers += d
-	if s.perIP[sc.ip] += d; s.perIP[sc.ip] <= 0 {
-		delete(s.perIP, sc.ip)
-	}
-}
-
-// classify files sc, whose TLS handshake is done, as a known peer's or a
-// stranger's by its verified certificate. It returns false, having logged
-// why, when sc is a stranger over the strangers' limits, which it may
-// have passed as a known peer's address.
-func (s *Server) classify(sc *serverConn, tc *tls.Conn) bool {
-	if s.cfg.Known == nil {
-		return true
-	}
-	state := tc.ConnectionState()
-	known := s.cfg.Known(tc.RemoteAddr(), &state)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if known == sc.known {
-		return true
-	}
-	s.count(sc, -1)
-	if !known {
-		delete(s.conns, sc) // not to count itself against MaxConns
-		reason := s.overLimit(sc.ip, false)
-		s.conns[sc] = struct{}{}
-		if reason != "" {
-			sc.known = true // as counted: run's exit uncounts it so
-			s.refusals.Warn(s.cfg.Logger, "transport: refused a connection over the limit", "peer", sc.remote, "known", false, "limit", reason)
-			return false
-		}
-	}
-	sc.known = known
-	s.count(sc, +1)
-	return true
+	return why == ""
 }
 
 // remoteIP is the address MaxConnsPerIP counts by: the IP of a TCP peer,
@@ -279,8 +226,7 @@ type serverConn struct {
 	s      *Server
 	conn   net.Conn
 	remote string
-	ip     string          // the key of s.perIP
-	known  bool            // from a known peer (Config.Known); guarded by s.mu
+	slot   *connslots.Slot // its place among the Server's connections
 	budget *byteBudget     // Config.MaxPendingBytes
 	ctx    context.Context // cancelled when the connection closes
 	cancel context.CancelFunc
@@ -317,9 +263,9 @@ func (sc *serverConn) run() {
 	defer func() {
 		sc.cancel()
 		sc.conn.Close()
+		s.slots.Release(sc.slot)
 		s.mu.Lock()
 		delete(s.conns, sc)
-		s.count(sc, -1)
 		s.mu.Unlock()
 		s.wg.Done()
 	}()
@@ -332,13 +278,17 @@ func (sc *serverConn) run() {
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
-			log.Warn("transport: TLS handshake failed", "peer", sc.remote, "err", err)
-			return
-		}
-		if !s.classify(sc, tc) {
+			if s.slots.Class(sc.slot) == connslots.Gone {
+				log.Debug("transport: connection closed in its TLS handshake to make room for newer ones", "peer", sc.remote)
+			} else {
+				log.Warn("transport: TLS handshake failed", "peer", sc.remote, "err", err)
+			}
 			return
 		}
 		st := tc.ConnectionState()
+		if !s.prove(sc, &st) {
+			return
+		}
 		sc.ctx = ContextWithPeer(sc.ctx, peerOf(sc.remote, &st))
 	} else {
 		sc.ctx = ContextWithPeer(sc.ctx, peerOf(sc.remote, nil))
@@ -391,6 +341,11 @@ func (sc *serverConn) run() {
 		}
 		if err != nil {
 			sc.readFailed(err, first)
+			return
+		}
+		// Without TLS, a valid first request is all a connection can
+		// prove: it speaks the protocol.
+		if first && s.cfg.TLS == nil && !s.prove(sc, nil) {
 			return
 		}
 		sc.touch()
