@@ -177,7 +177,7 @@ func (s *Server) acceptLoop() {
 		s.mu.Unlock()
 		if pushed != nil {
 			pushed.Close()
-			s.refusals.Warn(s.cfg.Logger, "transport: closed the oldest connection that had not proved itself, to make room for a new one", "peer", remote, "limit", why)
+			s.refusals.Warn(s.cfg.Logger, "transport: closed the oldest connection that had not proved itself, to make room for a new one", "peer", pushed.(net.Conn).RemoteAddr().String(), "for", remote, "limit", why)
 		}
 		go sc.run()
 	}

@@ -68,12 +68,16 @@ const (
 	// DefaultDialTimeout bounds connecting to a peer, TLS handshake
 	// included: dragonboat's GetConnectedTimeoutSecond.
 	DefaultDialTimeout = 5 * time.Second
-	// DefaultMaxConns caps the inbound connections held at once. Each
-	// peer keeps one message connection to each other peer, and one per
-	// snapshot being sent.
+	// DefaultMaxConns caps the proven inbound connections held at once.
+	// Each peer keeps one message connection to each other peer, and one
+	// per snapshot being sent.
 	DefaultMaxConns = 1024
-	// DefaultMaxConnsPerIP caps the inbound connections from one IP
-	// address.
+	// DefaultMaxUnprovenConns caps the inbound connections held that
+	// have not yet proved themselves: twice DefaultMaxConnsPerIP, so that
+	// one address cannot fill it alone.
+	DefaultMaxUnprovenConns = 256
+	// DefaultMaxConnsPerIP caps the unproven inbound connections, and
+	// without TLS the proven ones, from one IP address.
 	DefaultMaxConnsPerIP = 128
 )
 
@@ -110,7 +114,9 @@ type Config struct {
 	MaxFrame int
 
 	// HandshakeTimeout bounds a new inbound connection's TLS handshake and
-	// its first frame header. 0 means DefaultHandshakeTimeout.
+	// its first frame header: how long a stalled connection holds an
+	// unproven slot, at most (MaxUnprovenConns). 0 means
+	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 
 	// IdleTimeout closes an inbound connection on which no frame has begun
@@ -126,12 +132,32 @@ type Config struct {
 	// authorization included. 0 means DefaultDialTimeout.
 	DialTimeout time.Duration
 
-	// MaxConns caps the inbound connections held at once; one more is
-	// closed as soon as it is accepted. 0 means DefaultMaxConns.
+	// MaxConns caps the proven inbound connections held at once: with
+	// TLS, those whose handshake is done and whose certificate Authorize
+	// accepted (every other is closed), which only members can prove;
+	// without TLS, those that have sent a valid frame. One that proves
+	// itself over it is closed. Connections still proving themselves
+	// count against MaxUnprovenConns instead. 0 means DefaultMaxConns.
 	MaxConns int
 
-	// MaxConnsPerIP caps the inbound connections held from one IP
-	// address. 0 means DefaultMaxConnsPerIP.
+	// MaxUnprovenConns caps the inbound connections held that have not
+	// yet proved themselves (see MaxConns). None is refused: a new one
+	// makes room by closing the oldest unproven connection from its IP
+	// when that IP has MaxConnsPerIP of them, else the oldest of all when
+	// MaxUnprovenConns are unproven. So connections that stall before or
+	// in their handshake (HandshakeTimeout closes them) cannot keep a
+	// member out, and an IP at its MaxConnsPerIP pushes out only its own.
+	// To push out a member's connection, a flood must open
+	// MaxUnprovenConns connections (MaxConnsPerIP from the member's own
+	// IP) while that one completes its handshake; dragonboat then
+	// redials. 0 means DefaultMaxUnprovenConns.
+	MaxUnprovenConns int
+
+	// MaxConnsPerIP caps, per remote IP address, the unproven inbound
+	// connections (one more pushes out that IP's oldest) and, without
+	// TLS, the proven ones (one more is closed at its first frame). With
+	// TLS a proven connection is a member's and is not counted by IP.
+	// 0 means DefaultMaxConnsPerIP.
 	MaxConnsPerIP int
 
 	// MaxBuffered caps the bytes that frame bodies being read hold at
@@ -140,8 +166,8 @@ type Config struct {
 	// smaller). A frame that would exceed it closes its connection; the
 	// sender reconnects and dragonboat sends again. 0 means twice
 	// MaxFrame; it must be at least MaxFrame. Inbound frames then hold at
-	// most MaxConns x 64 KiB + MaxBuffered (194 MiB by default), plus the
-	// buffers' growth (at most twice each).
+	// most (MaxConns+MaxUnprovenConns) x 64 KiB + MaxBuffered (210 MiB by
+	// default), plus the buffers' growth (at most twice each).
 	MaxBuffered int
 
 	// Logger receives refused connections and frames (rate-limited to one
@@ -179,6 +205,7 @@ func (c Config) Validate() error {
 		v     int
 	}{
 		{"MaxConns", c.MaxConns},
+		{"MaxUnprovenConns", c.MaxUnprovenConns},
 		{"MaxConnsPerIP", c.MaxConnsPerIP},
 		{"MaxBuffered", c.MaxBuffered},
 	} {
@@ -219,6 +246,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns
+	}
+	if c.MaxUnprovenConns == 0 {
+		c.MaxUnprovenConns = DefaultMaxUnprovenConns
 	}
 	if c.MaxConnsPerIP == 0 {
 		c.MaxConnsPerIP = DefaultMaxConnsPerIP

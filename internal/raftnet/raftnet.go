@@ -18,10 +18,20 @@
 //     handler rejects closes that connection, with a rate-limited warning.
 //  3. Unmarshal and the handlers run under a recover per connection: a
 //     panic closes that connection and is logged; the process lives.
-//  4. Inbound connections are capped (Config.MaxConns, MaxConnsPerIP) and
-//     must handshake and begin a frame within HandshakeTimeout, begin
-//     each later frame within IdleTimeout, and deliver each 2 MiB of a
-//     body within ReadTimeout.
+//  4. Inbound connections must handshake and begin a frame within
+//     HandshakeTimeout, begin each later frame within IdleTimeout, and
+//     deliver each 2 MiB of a body within ReadTimeout. One that has not
+//     yet proved itself (with TLS, by a handshake and a certificate
+//     Authorize accepts; without, by its first valid frame) holds one of
+//     Config.MaxUnprovenConns slots, and a new connection closes the
+//     oldest of them, of its IP or of all, to make room: connections
+//     that stall before or in their handshake cannot keep a member out.
+//     Proven ones are capped by MaxConns, and without TLS by
+//     MaxConnsPerIP from one IP (internal/connslots states the rules).
+//     Without TLS nobody proves who it is, so a process that can send
+//     valid frames from a member's IP (on a loopback cluster, any local
+//     process) shares that IP's slots with it: a plaintext cluster
+//     trusts whoever can reach its Raft ports.
 //  5. With Config.TLS, every connection is mutual TLS, and Config.Authorize
 //     decides from the peer certificate's names whether the peer is an
 //     authorized member, on both ends: a certificate of the right CA is
@@ -45,6 +55,7 @@ import (
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
 
+	"github.com/lockmesh/lockmesh/internal/connslots"
 	"github.com/lockmesh/lockmesh/internal/throttle"
 )
 
@@ -77,14 +88,18 @@ type factory struct{ cfg Config }
 // batches to onBatch and snapshot chunks to onChunk, each on the goroutine
 // of the connection it arrived on.
 func (f *factory) Create(nhc config.NodeHostConfig, onBatch raftio.MessageHandler, onChunk raftio.ChunkHandler) raftio.ITransport {
+	cfg := f.cfg.withDefaults()
 	t := &transport{
-		cfg:     f.cfg.withDefaults(),
+		cfg:     cfg,
 		err:     f.cfg.Validate(),
 		addr:    nhc.GetListenAddress(),
 		onBatch: onBatch,
 		onChunk: onChunk,
 		conns:   map[net.Conn]struct{}{},
-		perIP:   map[string]int{},
+		// Every proven connection is a member's with TLS (Authorize
+		// closes the others) and a stranger's without: nothing to
+		// reserve.
+		slots: connslots.New(connslots.Limits{MaxConns: cfg.MaxConns, MaxUnproven: cfg.MaxUnprovenConns, MaxPerIP: cfg.MaxConnsPerIP}),
 	}
 	for _, w := range []*throttle.Warner{&t.refusedConn, &t.refusedTLS, &t.refusedFrame, &t.refusedMsg, &t.panicked} {
 		w.Every = warnEvery
@@ -122,13 +137,13 @@ type transport struct {
 	heldMu sync.Mutex
 	held   int // body bytes reserved beyond each frame's first piece
 
-	mu      sync.Mutex
-	closed  bool
-	ln      net.Listener
-	conns   map[net.Conn]struct{} // open connections, inbound and outbound
-	inbound int
-	perIP   map[string]int // inbound connections by remote IP
-	wg      sync.WaitGroup // accept loop and inbound connections
+	mu     sync.Mutex
+	closed bool
+	ln     net.Listener
+	conns  map[net.Conn]struct{} // open connections, inbound and outbound
+	wg     sync.WaitGroup        // accept loop and inbound connections
+
+	slots *connslots.Table // inbound connections' caps
 
 	closeOnce sync.Once
 }

@@ -373,34 +373,6 @@ func TestSlowPeersClosed(t *testing.T) {
 	}
 }
 
-func TestConnectionCaps(t *testing.T) {
-	srv := startPeer(t, Config{MaxConnsPerIP: 3})
-	var held []net.Conn
-	defer func() {
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	for range 3 {
-		c, err := net.Dial("tcp", srv.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, c)
-	}
-	c, err := net.Dial("tcp", srv.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if !closedByPeer(c, 2*time.Second) {
-		t.Fatal("a 4th connection from one IP stayed open with MaxConnsPerIP 3")
-	}
-	// The held ones are still served.
-	held[0].Write(frameOf(kindBatch, mustMarshal(t, testBatch("p", 1))))
-	srv.in.wait(t, 1)
-}
-
 func mustMarshal(t *testing.T, b pb.MessageBatch) []byte {
 	t.Helper()
 	body, err := b.Marshal()

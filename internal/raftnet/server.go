@@ -11,10 +11,12 @@ import (
 	"time"
 
 	pb "github.com/lni/dragonboat/v4/raftpb"
+
+	"github.com/lockmesh/lockmesh/internal/connslots"
 )
 
-// accept runs until ln is closed, handing each connection within the caps
-// to its own goroutine.
+// accept runs until ln is closed, handing each connection to its own
+// goroutine.
 func (t *transport) accept(ln net.Listener) {
 	defer t.wg.Done()
 	var backoff time.Duration
@@ -32,13 +34,12 @@ func (t *transport) accept(ln net.Listener) {
 			continue
 		}
 		backoff = 0
-		ip := remoteIP(c)
-		if why := t.admit(c, ip); why != "" {
+		slot, ok := t.admit(c)
+		if !ok {
 			c.Close()
-			t.refusedConn.Warn(t.log(), "raftnet: connection refused: "+why, "from", c.RemoteAddr().String())
-			continue
+			return // closed
 		}
-		go t.serve(c, ip)
+		go t.serve(c, slot)
 	}
 }
 
@@ -50,35 +51,43 @@ func remoteIP(c net.Conn) string {
 	return host
 }
 
-// admit counts c against the caps; it returns why c must be closed, or
-// "" when it may be served (and t.wg counts it).
-func (t *transport) admit(c net.Conn, ip string) string {
+// admit files c as unproven (internal/connslots), closing the oldest
+// unproven connection if it must make room; t.wg counts c. It returns
+// false, admitting nothing, once the transport is closed.
+func (t *transport) admit(c net.Conn) (*connslots.Slot, bool) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	switch {
-	case t.closed:
-		return "transport closed"
-	case t.inbound >= t.cfg.MaxConns:
-		return fmt.Sprintf("%d inbound connections held (MaxConns)", t.inbound)
-	case t.perIP[ip] >= t.cfg.MaxConnsPerIP:
-		return fmt.Sprintf("%d inbound connections held from %s (MaxConnsPerIP)", t.perIP[ip], ip)
+	if t.closed {
+		t.mu.Unlock()
+		return nil, false
 	}
-	t.inbound++
-	t.perIP[ip]++
+	slot, pushed, why := t.slots.Admit(remoteIP(c), c)
 	t.conns[c] = struct{}{}
 	t.wg.Add(1)
-	return ""
+	t.mu.Unlock()
+	if pushed != nil {
+		pushed.Close()
+		t.refusedConn.Warn(t.log(), "raftnet: closed the oldest connection that had not proved itself, to make room for a new one: "+why, "from", pushed.(net.Conn).RemoteAddr().String(), "for", c.RemoteAddr().String())
+	}
+	return slot, true
+}
+
+// prove files c, which has just proved itself, as a member's connection
+// (with TLS) or a stranger's; false, having logged why, when it is over
+// the caps and must be closed.
+func (t *transport) prove(c net.Conn, slot *connslots.Slot) bool {
+	why := t.slots.Prove(slot, t.cfg.TLS != nil)
+	if why != "" {
+		t.refusedConn.Warn(t.log(), "raftnet: connection refused: "+why, "from", c.RemoteAddr().String())
+	}
+	return why == ""
 }
 
 // release undoes admit once c is done with, closing it.
-func (t *transport) release(c net.Conn, ip string) {
+func (t *transport) release(c net.Conn, slot *connslots.Slot) {
 	c.Close()
+	t.slots.Release(slot)
 	t.mu.Lock()
 	delete(t.conns, c)
-	t.inbound--
-	if t.perIP[ip]--; t.perIP[ip] == 0 {
-		delete(t.perIP, ip)
-	}
 	t.mu.Unlock()
 	t.wg.Done()
 }
@@ -86,8 +95,8 @@ func (t *transport) release(c net.Conn, ip string) {
 // serve reads frames from c until it ends, breaks a rule, or the transport
 // closes. Whatever happens here, including a panic in Unmarshal or in a
 // handler, ends with c closed and the process running.
-func (t *transport) serve(c net.Conn, ip string) {
-	defer t.release(c, ip)
+func (t *transport) serve(c net.Conn, slot *connslots.Slot) {
+	defer t.release(c, slot)
 	from := c.RemoteAddr().String()
 	defer func() {
 		if r := recover(); r != nil {
@@ -101,11 +110,16 @@ func (t *transport) serve(c net.Conn, ip string) {
 	if t.cfg.TLS != nil {
 		tc := tls.Server(c, serverTLS(t.cfg.TLS))
 		if err := tc.Handshake(); err != nil {
-			t.refusedTLS.Warn(t.log(), "raftnet: TLS handshake failed; connection closed", "from", from, "err", err)
+			if t.slots.Class(slot) != connslots.Gone { // else pushed out, and logged so
+				t.refusedTLS.Warn(t.log(), "raftnet: TLS handshake failed; connection closed", "from", from, "err", err)
+			}
 			return
 		}
 		if names, ok := t.authorized(tc.ConnectionState()); !ok {
 			t.refusedTLS.Warn(t.log(), "raftnet: peer certificate not authorized (Authorize refused it); connection closed", "from", from, "names", names)
+			return
+		}
+		if !t.prove(c, slot) {
 			return
 		}
 		conn = tc
@@ -129,6 +143,11 @@ func (t *transport) serve(c net.Conn, ip string) {
 				t.refusedFrame.Warn(t.log(), "raftnet: peer too slow; connection closed", "from", from, "err", err)
 			}
 			// io.EOF and closed connections end quietly.
+			return
+		}
+		// Without TLS, a valid first frame is all a connection can
+		// prove: it speaks the protocol.
+		if first && t.cfg.TLS == nil && !t.prove(c, slot) {
 			return
 		}
 	}
