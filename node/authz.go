@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
-	"net/netip"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/layout"
@@ -75,38 +74,17 @@ func (n *Node) shardSessions(shard uint64) authz.Sessions {
 	return replica.Sessions{Shard: shard, Read: n.nh.StaleRead}
 }
 
-// knownConn is the RPC server's transport.Config.Known: a connection
-// from a known peer may use the connections reserved for peers, which
-// strangers cannot fill. With TLS the verified certificate decides (a
-// name the layout lists); before the handshake, and without TLS, the
-// remote IP (one a gossip member's RPC address had at the last look).
-func (n *Node) knownConn(remote net.Addr, st *tls.ConnectionState) bool {
-	if st != nil {
-		if len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
-			return false
-		}
-		return listsAny(n.placement.Load(), transport.CertNames(st.PeerCertificates[0]))
-	}
-	ips := n.knownIPs.Load()
-	if ips == nil {
+// knownConn is the RPC server's transport.Config.Known, asked once a
+// connection's TLS handshake is done: one whose verified certificate
+// names a peer the layout lists is a member's, and may use the
+// connections reserved for members, which strangers cannot fill. An
+// address proves nothing (127.0.0.1 is every local process), so the
+// transport never asks without TLS, and nothing here goes by one.
+func (n *Node) knownConn(_ net.Addr, st *tls.ConnectionState) bool {
+	if st == nil || len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
 		return false
 	}
-	ta, ok := remote.(*net.TCPAddr)
-	return ok && (*ips)[ta.AddrPort().Addr().Unmap().String()]
-}
-
-// noteKnownIPs records the IPs of members' RPC addresses for knownConn.
-func (n *Node) noteKnownIPs(members []mesh.Member) {
-	ips := map[string]bool{}
-	for _, m := range members {
-		if m.State != mesh.StateAlive {
-			continue
-		}
-		if ap, err := netip.ParseAddrPort(m.Meta.RPCAddr); err == nil {
-			ips[ap.Addr().Unmap().String()] = true
-		}
-	}
-	n.knownIPs.Store(&ips)
+	return listsAny(n.placement.Load(), transport.CertNames(st.PeerCertificates[0]))
 }
 
 // raftMember is the Raft transport's check of a peer's certificate, on

@@ -53,9 +53,6 @@ type Node struct {
 	ready     chan struct{} // closed once the placement is known and local replicas run
 	placement atomic.Pointer[layout.Placement]
 
-	// knownIPs are the IPs of the gossip members' RPC addresses, as
-	// knownPeersLoop last saw them (the RPC server's Known).
-	knownIPs atomic.Pointer[map[string]bool]
 	// adopting is the layout this peer expects before placement is set:
 	// the bootstrap plan it promised (membership stores it), then the
 	// layout adopt is starting replicas for (raftMember reads it).

@@ -12,12 +12,10 @@ import (
 // changed.
 const knownPeersEvery = time.Second
 
-// knownPeersLoop keeps the known peers file current, and the IPs
-// knownConn admits.
+// knownPeersLoop keeps the known peers file current.
 func (n *Node) knownPeersLoop() {
 	var saved []string
 	n.every(knownPeersEvery, func() {
-		n.noteKnownIPs(n.mesh.Members())
 		p := n.placement.Load()
 		if p == nil {
 			return
