@@ -162,6 +162,15 @@ func (b *batcher) commit(batch []*RequestState) {
 	for _, rs := range batch {
 		cmds = append(cmds, rs.cmds...)
 	}
+	if b.r.cfg.CapSessions != nil && b.r.cfg.CapSessions() {
+		// cmds is the batch's own copy: the callers' commands stay as
+		// they were sent.
+		for i := range cmds {
+			if cmds[i].Op == lockfsm.OpOpenSession {
+				cmds[i].Capped = true
+			}
+		}
+	}
 	// Written in the format of the cluster's level, which every replica
 	// reads; a layout this peer knows may lag, never lead, the level, and
 	// a command that only a higher level writes (lockfsm.MinCommandFormat)

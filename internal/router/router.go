@@ -99,6 +99,12 @@ type Config struct {
 	// contexts (ProposeRequest.Traces): every peer of the cluster reads
 	// them. Nil means never.
 	CarryTraces func() bool
+	// CapSessions reports whether the OpenSessions of the entries this
+	// peer writes carry lockfsm.Command.Capped, which makes the state
+	// machine enforce the session caps on apply: every replica of the
+	// cluster reads it (feature level 3). Forwarded commands are marked
+	// too, since this peer writes the entry they join. Nil means never.
+	CapSessions func() bool
 	// OnProposed, when not nil, is told of each batch proposed from this
 	// peer: its shard, whether it was forwarded to another peer, how long
 	// it took and how it ended. It must not block.

@@ -665,3 +665,42 @@ func BenchmarkLeaderGuess(b *testing.B) {
 		}
 	}
 }
+
+// From the level that caps sessions on apply (Config.CapSessions), every
+// OpenSession of an entry this peer writes is marked Capped, its own and
+// those forwarded to it, so none escapes the caps; below it, none is,
+// since a replica of an older release would halt on the mark.
+func TestOpenSessionsCappedAtTheLevel(t *testing.T) {
+	for _, capped := range []bool{false, true} {
+		p := threePeers()
+		a, _ := p.ReplicaID(shard, "a")
+		h := &fakeHost{p: p, hosted: true, leader: a}
+		r := New(Config{Name: "a", RTT: time.Millisecond, ProposeMethod: 1, CapSessions: func() bool { return capped }}, h)
+		open := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "a", TTLMillis: 1000}
+		if _, err := r.Apply(context.Background(), shard, open); err != nil {
+			t.Fatal(err)
+		}
+		forwarded, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{acquire(1), {Op: lockfsm.OpOpenSession, Owner: "b", TTLMillis: 1000}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.ServePropose(context.Background(), ProposeRequest{Shard: shard, Cmds: forwarded, Level: 3}); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		opens := 0
+		for _, b := range h.batches {
+			for _, c := range b {
+				if c.Op == lockfsm.OpOpenSession {
+					opens++
+				}
+				if c.Capped != (capped && c.Op == lockfsm.OpOpenSession) {
+					t.Errorf("CapSessions %v: %v command written with Capped %v", capped, c.Op, c.Capped)
+				}
+			}
+		}
+		if opens != 2 {
+			t.Fatalf("%d OpenSessions written, want 2", opens)
+		}
+	}
+}
