@@ -64,14 +64,21 @@ func (h routerHost) Authorize(ctx context.Context, shard uint64, cmds []lockfsm.
 		return nil
 	}
 	// handle has applied checkKnown to every request before it reaches
-	// ServePropose: what is left are the command rules.
-	return n.refused(authz.Commands(callerOf(ctx), cmds, n.shardSessions(shard)))
+	// ServePropose: what is left are the command rules. The commands join
+	// an entry this peer writes, which marks their OpenSessions Capped
+	// from capsLevel on (router.Config.CapSessions): they need not come
+	// marked.
+	s := replica.Sessions{Shard: shard, Read: n.nh.StaleRead}
+	return n.refused(authz.Commands(callerOf(ctx), cmds, s))
 }
 
 // shardSessions is the local replica's view of shard's sessions, read
-// without a Raft round (replica.Sessions).
+// without a Raft round (replica.Sessions), for commands that reach the
+// shard as they were written (proposed over the Raft port): from
+// capsLevel on, their OpenSessions must be marked Capped, as every peer
+// at that level marks them, or they would escape the session caps.
 func (n *Node) shardSessions(shard uint64) authz.Sessions {
-	return replica.Sessions{Shard: shard, Read: n.nh.StaleRead}
+	return replica.Sessions{Shard: shard, Read: n.nh.StaleRead, RequireCapped: n.clusterLevel() >= capsLevel}
 }
 
 // knownConn is the RPC server's transport.Config.Known, asked once a

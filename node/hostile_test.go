@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
@@ -298,6 +300,150 @@ func TestHostileLocalProcess(t *testing.T) {
 		t.Fatal(v)
 	}
 	s.finish(t)
+}
+
+// Finding 7 of the security review: the session caps were checked only
+// where a proposal was accepted, against counts read before it committed,
+// so proposals accepted at once each passed, and together opened four
+// times an owner's cap. The state machine enforces the caps on apply now:
+// floods of OpenSessions for one owner, forwarded at the same moment to
+// every peer of the shard, open at most MaxSessionsPerOwner sessions, the
+// rest are refused naming the cap, every replica counts alike, and the
+// shard goes on serving.
+func TestHostileConcurrentSessionFloods(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, ttl: 2 * time.Second})
+	const key = "flooded"
+	shard := peers[0].node.placement.Load().ShardOf(key)
+	lockAndUnlock(t, peers[0].node, key)
+	pollUntil(t, 20*time.Second, "every replica knowing the shard's leader", func() bool {
+		for _, p := range peers {
+			if _, _, ok, err := p.node.nh.GetLeaderID(shard); !ok || err != nil {
+				return false
+			}
+		}
+		return true
+	})
+
+	a := newAttacker(t, "local", nil)
+	const floods = 4
+	flood := make([]lockfsm.Command, lockfsm.MaxBatch)
+	for i := range flood {
+		flood[i] = lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "flood", TTLMillis: 60_000}
+	}
+	raw, err := lockfsm.EncodeCommandsFormat(commandFormat(peers[0].node.clusterLevel()), flood)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := encodeBody(router.ProposeRequest{Shard: shard, Cmds: raw, Level: peers[0].node.topLevel()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		via     string
+		results []lockfsm.Result
+		err     error
+	}
+	start, answers := make(chan struct{}), make(chan answer, floods)
+	for i := range floods {
+		h := peers[i%len(peers)]
+		go func() {
+			<-start
+			ans := answer{via: h.cfg.Name}
+			var raw []byte
+			if raw, ans.err = a.call(h, methodPropose, body); ans.err == nil {
+				var resp router.ProposeResponse
+				if ans.err = decodeBody(raw, &resp); ans.err == nil {
+					ans.results, ans.err = lockfsm.DecodeResults(resp.Results)
+				}
+			}
+			answers <- ans
+		}()
+	}
+	close(start)
+	opened := 0
+	for range floods {
+		ans := <-answers
+		switch {
+		case lockerr.Code(ans.err) == lockerr.CodeForbidden:
+			// The check where a flood is accepted refuses it whole once
+			// the others have committed: an early refusal.
+			continue
+		case retryable(ans.err):
+			// Its outcome is unknown: the replicas' count below covers it.
+			t.Logf("a flood via %s: %v", ans.via, ans.err)
+			continue
+		case ans.err != nil:
+			t.Fatalf("a flood via %s: %v", ans.via, ans.err)
+		}
+		for _, r := range ans.results {
+			switch {
+			case r.Status == lockfsm.StatusOK:
+				opened++
+			case r.Status == lockfsm.StatusSessionLimit && strings.Contains(r.Err, fmt.Sprint("MaxSessionsPerOwner is ", authz.MaxSessionsPerOwner)):
+			default:
+				t.Fatalf("a flood via %s: %v %q, want opened or refused naming the owner's cap", ans.via, r.Status, r.Err)
+			}
+		}
+	}
+	// Every replica holds what the floods were told, and no more than
+	// the cap.
+	type count struct{ index, owned uint64 }
+	counts := make([]count, len(peers))
+	pollUntil(t, 20*time.Second, "every replica at the same index", func() bool {
+		for i, p := range peers {
+			v, err := p.node.nh.StaleRead(shard, replica.StateReader(func(st *lockfsm.State) any {
+				_, owned := st.SessionCount("flood")
+				return count{st.Index(), uint64(owned)}
+			}))
+			if counts[i], _ = v.(count); err != nil || counts[i] != counts[0] {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%d floods of %d OpenSessions for one owner: %d opened as answered, %d on every replica", floods, len(flood), opened, counts[0].owned)
+	if counts[0].owned > authz.MaxSessionsPerOwner || uint64(opened) > counts[0].owned {
+		t.Fatalf("%d sessions open for one owner (%d answered as opened); MaxSessionsPerOwner is %d", counts[0].owned, opened, authz.MaxSessionsPerOwner)
+	}
+	lockAndUnlock(t, peers[0].node, key)
+}
+
+// An entry proposed over the Raft port reaches the shard as it was
+// written, so from the level whose peers mark every OpenSession Capped,
+// an unmarked one is refused there: it would escape the session caps on
+// apply. Below that level nothing is marked, and nothing need be.
+func TestRaftProposalsMustMarkOpenSessions(t *testing.T) {
+	for _, level := range []uint8{capsLevel - 1, capsLevel} {
+		peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 2, hook: func(h *testHooks) { h.holdLevel = level }})
+		n := peers[0].node
+		if got := n.clusterLevel(); got != level {
+			t.Fatalf("the cluster runs at level %d, want %d", got, level)
+		}
+		shard, port := n.placement.Load().ShardOf("x"), raftPeers{n}
+		open := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "local", TTLMillis: 1000}
+		unmarked, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{open})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = port.Proposal(authz.Caller{}, shard, unmarked)
+		switch {
+		case level >= capsLevel && !errors.Is(err, authz.ErrForbidden):
+			t.Errorf("level %d: an unmarked OpenSession over the Raft port: %v, want it refused", level, err)
+		case level < capsLevel && err != nil:
+			t.Errorf("level %d: an unmarked OpenSession over the Raft port: %v, want it accepted", level, err)
+		}
+		if level < capsLevel {
+			continue
+		}
+		open.Capped = true
+		marked, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{open})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := port.Proposal(authz.Caller{}, shard, marked); err != nil {
+			t.Errorf("level %d: a marked OpenSession over the Raft port: %v", level, err)
+		}
+	}
 }
 
 // A joiner promised no bootstrap plan, so a commit sent to it is refused

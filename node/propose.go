@@ -60,7 +60,8 @@ func (h routerHost) ServeKeepAlive(ctx context.Context, req router.KeepAliveRequ
 func (n *Node) newRouter() *router.Router {
 	return router.New(router.Config{Name: n.cfg.Name, RTT: n.cfg.RTT, Peers: n.peers,
 		ProposeMethod: methodPropose, KeepAliveMethod: methodKeepAlive, ReadMethod: methodRead,
-		Tracer: n.obs.tracer, CarryTraces: func() bool { return n.clusterLevel() >= traceLevel }, OnProposed: n.obs.onProposed},
+		Tracer: n.obs.tracer, CarryTraces: func() bool { return n.clusterLevel() >= traceLevel },
+		CapSessions: func() bool { return n.clusterLevel() >= capsLevel }, OnProposed: n.obs.onProposed},
 		routerHost{n})
 }
 

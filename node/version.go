@@ -24,7 +24,16 @@ import (
 //	         snapshots start with a version byte (format 2); the lock
 //	         family's commands; forwarded proposals carry trace contexts,
 //	         reads ask for ages (replica.Query.Ages) and contention
-//	         summaries (QueryTop), and PeerStatus carries applied indexes.
+//	         summaries (QueryTop), and PeerStatus carries applied indexes;
+//	         every OpenSession a peer writes is marked Capped
+//	         (lockfsm.Command.Capped, tag 18), and the state machine
+//	         refuses a marked one past the session caps on apply
+//	         (StatusSessionLimit), so the caps are deterministic, O(1)
+//	         and not racy. The mark gates the rule: unmarked opens, which
+//	         is every entry written below level 3, apply as before, so a
+//	         level-2 log replays as it was first applied. The peer that
+//	         writes an entry marks it, forwarded opens included; an entry
+//	         proposed over the Raft port must come marked (authz).
 //
 // A level's formats may still change until the release that introduces it
 // is cut (internal/release): level 3 is this release's, 0.2.0.
@@ -37,6 +46,10 @@ const (
 	// traceLevel is the first level whose forwarded proposals carry trace
 	// contexts and whose reads may ask for ages and contention summaries.
 	traceLevel uint8 = 3
+	// capsLevel is the first level whose OpenSessions are marked Capped:
+	// the state machine enforces the session caps on them when it applies
+	// them.
+	capsLevel uint8 = 3
 )
 
 // FeatureLevels returns the oldest and newest feature levels this release
