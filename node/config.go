@@ -174,8 +174,9 @@ type Config struct {
 	// or written by a bug): every replica halts at it (ErrReplicaHalted,
 	// logged with the shard and index) and the shard stops. Restart every
 	// peer that hosts the shard, all of one release, with the entry
-	// listed here: each replica then passes over that one entry, if it
-	// cannot read it, instead of halting, and the shard serves again.
+	// listed here: each replica then passes over the listed entries it
+	// cannot read, instead of halting, and the shard serves again (a
+	// replica that halts at a later entry names it: list it too).
 	// Commands in the entry are lost; an entry a replica reads is applied
 	// as usual, so a listed entry that a newer release reads must not be
 	// skipped by older peers while newer ones apply it: upgrade instead.
@@ -279,15 +280,10 @@ func (c Config) Validate() error { return c.validate(false) }
 // are internal/config's.
 func (c Config) validate(raftInMemory bool) error {
 	c.setDefaults()
-	seen := map[uint64]bool{}
 	for _, e := range c.UnsafeSkipEntries {
 		if e.Shard == 0 || e.Index == 0 {
 			return fmt.Errorf("%w: UnsafeSkipEntries: shard %d index %d: both must be above 0 (copy them from the halted replica's log line)", ErrInvalidConfig, e.Shard, e.Index)
 		}
-		if seen[e.Shard] {
-			return fmt.Errorf("%w: UnsafeSkipEntries lists shard %d twice: a replica halts at the first entry it cannot read, so skip one at a time", ErrInvalidConfig, e.Shard)
-		}
-		seen[e.Shard] = true
 	}
 	if err := config.Check(c.peer(raftInMemory), config.Defaults{
 		SessionTTL: DefaultSessionTTL, RTT: DefaultRTT, DeadAfter: DefaultDeadAfter,

@@ -441,7 +441,7 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 	halt := replica.Halter{OnStop: n.haltReplica, SnapshotIndex: func() uint64 { return n.snapshotIndex(shard) }, OnSkip: n.skippedEntry}
 	for _, e := range n.cfg.UnsafeSkipEntries {
 		if e.Shard == shard {
-			halt.Skip = e.Index
+			halt.Skip = append(halt.Skip, e.Index)
 		}
 	}
 	var create sm.CreateStateMachineFunc

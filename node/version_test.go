@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lni/dragonboat/v4"
+	sm "github.com/lni/dragonboat/v4/statemachine"
+
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -56,9 +59,12 @@ func TestReplicaStopsOnEntryItCannotDecode(t *testing.T) {
 	// out with nothing committed. Like the router, propose again while the
 	// outcome is unknown, until this replica answers halted or is halted
 	// (a try that committed but whose answer was lost).
+	// It is proposed on the leader's peer: a Propose a follower forwards
+	// over the Raft port is refused there (internal/raftauth), as it
+	// carries what no replica could apply.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		r, err := p1.nh.SyncPropose(ctxT(t, 3*time.Second), p1.nh.GetNoOPSession(bad), unreadable)
+		r, err := proposeOnLeader(t, peers, bad, unreadable)
 		if err == nil && r.Value == replica.ResultHalted || p1.haltedShard(bad) != nil {
 			break
 		}
@@ -205,8 +211,14 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := peers[0].node.nh.SyncPropose(ctxT(t, 10*time.Second), peers[0].node.nh.GetNoOPSession(shard), forced); err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		_, err := proposeOnLeader(t, peers, shard, forced)
+		if err == nil {
+			break
+		}
+		if !retryable(err) || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 	he := waitHalted(t, old.node, shard)
 	if !errors.Is(he, lockfsm.ErrVersion) || he.Version != lockfsm.FormatTagged {
@@ -344,4 +356,19 @@ func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold uint8) [
 		p.waitReady(t)
 	}
 	return peers
+}
+
+// proposeOnLeader proposes data on shard through the replica of the peer
+// that leads it, as its own proposal: forced entries a follower would
+// forward over the Raft port are refused there, since the filter
+// (internal/raftauth) lets through only what every member applies. With
+// no leader known, it answers dragonboat's ErrShardNotReady.
+func proposeOnLeader(t *testing.T, peers []*testPeer, shard uint64, data []byte) (sm.Result, error) {
+	t.Helper()
+	for _, p := range peers {
+		if p.node.leadsShard(shard) {
+			return p.node.nh.SyncPropose(ctxT(t, 3*time.Second), p.node.nh.GetNoOPSession(shard), data)
+		}
+	}
+	return sm.Result{}, dragonboat.ErrShardNotReady
 }

@@ -81,6 +81,14 @@ import (
 // ErrRefused is wrapped by every refusal.
 var ErrRefused = errors.New("raft message refused")
 
+// ErrMisrouted is wrapped, with ErrRefused, by the refusals of messages
+// a correct peer sends from a view of the cluster older or newer than
+// this peer's: for a shard whose replica here has not started (a restart)
+// or has moved, or from a replica this peer's copy of the layout does not
+// list yet. They are dropped as dragonboat drops messages for replicas it
+// does not run, and counted, but are no sign of a hostile sender.
+var ErrMisrouted = errors.New("not for a replica here")
+
 // Bounds of rule 3.
 const (
 	MaxTerm     = 1 << 63
@@ -106,6 +114,10 @@ type View interface {
 
 func refused(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrRefused, fmt.Sprintf(format, args...))
+}
+
+func misrouted(format string, args ...any) error {
+	return fmt.Errorf("%w, %w: %s", ErrRefused, ErrMisrouted, fmt.Sprintf(format, args...))
 }
 
 // Network reports whether peers send messages of type t to each other
@@ -145,8 +157,9 @@ func (f *Filter) Sent(b *pb.MessageBatch) { f.Logs.Sent(b) }
 
 // Batch keeps in b.Requests the messages that pass, in their order (a
 // Heartbeat's commit possibly lowered, rule 6), and returns the refusal
-// of each one dropped. names are the sender's verified certificate names,
-// nil without TLS.
+// of each one dropped, but for misrouted ones (ErrMisrouted), which it
+// only counts. names are the sender's verified certificate names, nil
+// without TLS.
 func (f *Filter) Batch(names []string, b *pb.MessageBatch) []error {
 	c := authz.Caller{Names: names}
 	var errs []error
@@ -155,7 +168,9 @@ func (f *Filter) Batch(names []string, b *pb.MessageBatch) []error {
 		m := b.Requests[i]
 		if err := f.Message(c, &m); err != nil {
 			f.refused.Add(1)
-			errs = append(errs, err)
+			if !errors.Is(err, ErrMisrouted) {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		kept = append(kept, m)
@@ -225,19 +240,19 @@ func (f *Filter) Chunk(names []string, ch *pb.Chunk) error {
 
 // route applies rule 2.
 func (f *Filter) route(c authz.Caller, shard, to, from uint64) error {
+	if to == 0 || from == 0 || from == to {
+		return refused("from replica %d of shard %d, to %d", from, shard, to)
+	}
 	local, ok := f.View.Local(shard)
 	if !ok {
-		return refused("this peer runs no replica of shard %d", shard)
+		return misrouted("this peer runs no replica of shard %d", shard)
 	}
 	if to != local {
-		return refused("addressed to replica %d of shard %d; this peer's is %d", to, shard, local)
-	}
-	if from == 0 || from == to {
-		return refused("from replica %d of shard %d, to %d", from, shard, to)
+		return misrouted("addressed to replica %d of shard %d; this peer's is %d", to, shard, local)
 	}
 	host, ok := f.View.Host(shard, from)
 	if !ok {
-		return refused("from replica %d, which the layout does not give shard %d", from, shard)
+		return misrouted("from replica %d, which this peer's layout does not give shard %d", from, shard)
 	}
 	if !c.Anonymous() && !c.Is(host) {
 		return refused("from replica %d of shard %d, which is %q's, not %s's", from, shard, host, c)

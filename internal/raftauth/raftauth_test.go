@@ -290,6 +290,25 @@ func TestBatchKeepsWhatPasses(t *testing.T) {
 	}
 }
 
+// A correct peer with a stale view (a shard not started here yet, a
+// moved replica, a replica this layout does not list yet) is counted but
+// not reported: it is no sign of a hostile sender.
+func TestMisroutedCountedNotReported(t *testing.T) {
+	f := newFilter()
+	notHere, moved, unlisted := msg(pb.Heartbeat), msg(pb.Heartbeat), msg(pb.Heartbeat)
+	notHere.ShardID, moved.To, unlisted.From = 9, 5, 7
+	b := pb.MessageBatch{Requests: []pb.Message{notHere, moved, unlisted}}
+	if errs := f.Batch(nil, &b); len(errs) != 0 || f.Refused() != 3 || len(b.Requests) != 0 {
+		t.Fatalf("reported %v, counted %d, kept %d; want none reported, 3 counted, none kept", errs, f.Refused(), len(b.Requests))
+	}
+	other := msg(pb.Heartbeat)
+	other.From = 3
+	b = pb.MessageBatch{Requests: []pb.Message{other}}
+	if errs := f.Batch([]string{"b"}, &b); len(errs) != 1 || errors.Is(errs[0], ErrMisrouted) {
+		t.Fatalf("a member claiming another's replica: %v, want one refusal reported", errs)
+	}
+}
+
 // TestChunk: a snapshot chunk follows rule 2.
 func TestChunk(t *testing.T) {
 	for _, tt := range []struct {

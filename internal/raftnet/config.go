@@ -18,7 +18,9 @@ import (
 type Gate interface {
 	// Batch removes from b.Requests the messages the sender, named by
 	// its verified certificate (nil without TLS), may not deliver, and
-	// may rewrite the others; it returns why each was removed.
+	// may rewrite the others; it returns why each was removed that is
+	// worth a warning (a correct peer with a stale view of the cluster
+	// is not).
 	Batch(names []string, b *pb.MessageBatch) []error
 	// Chunk reports why the sender may not deliver c, if it may not: the
 	// connection is then closed.

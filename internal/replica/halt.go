@@ -2,6 +2,7 @@ package replica
 
 import (
 	"fmt"
+	"slices"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
@@ -24,12 +25,12 @@ import (
 // nothing.
 type Halter struct {
 	err *lockerr.HaltError
-	// Skip, when set, names the log index of an entry this replica skips
-	// instead of halting, if it cannot read it: the operator's recovery
-	// of a shard whose log holds an entry no release reads (node's
+	// Skip names the log indexes of entries this replica skips instead
+	// of halting, if it cannot read them: the operator's recovery of a
+	// shard whose log holds entries no release reads (node's
 	// Config.UnsafeSkipEntries). An entry it reads is applied as usual.
 	// OnSkip, when set, is told of each entry skipped.
-	Skip   uint64
+	Skip   []uint64
 	OnSkip func(shard, index uint64, cause error)
 	// OnStop is called once, on dragonboat's apply or snapshot goroutine:
 	// it must not block.
@@ -44,7 +45,7 @@ type Halter struct {
 // Every replica that skips it leaves its state as it was, so replicas
 // told alike stay alike.
 func (h *Halter) skips(shard uint64, e sm.Entry, cause error) bool {
-	if h.Skip == 0 || e.Index != h.Skip {
+	if !slices.Contains(h.Skip, e.Index) {
 		return false
 	}
 	if h.OnSkip != nil {

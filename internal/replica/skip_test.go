@@ -16,7 +16,7 @@ import (
 func TestSkipUnreadableEntry(t *testing.T) {
 	var skipped []uint64
 	var stopped []*lockerr.HaltError
-	s := NewLock(LockConfig{Shard: 5, MaxFormat: lockfsm.Version, Halt: Halter{Skip: 2,
+	s := NewLock(LockConfig{Shard: 5, MaxFormat: lockfsm.Version, Halt: Halter{Skip: []uint64{2},
 		OnSkip: func(_, index uint64, _ error) { skipped = append(skipped, index) },
 		OnStop: func(he *lockerr.HaltError) { stopped = append(stopped, he) }}})
 	open, _ := lockfsm.EncodeCommands([]lockfsm.Command{{Op: lockfsm.OpOpenSession, Owner: "a", TTLMillis: 1000}})
@@ -42,13 +42,13 @@ func TestSkipUnreadableEntry(t *testing.T) {
 	}
 
 	// An entry the replica reads is applied even at the skipped index.
-	s = NewLock(LockConfig{Shard: 5, MaxFormat: lockfsm.Version, Halt: Halter{Skip: 1}})
+	s = NewLock(LockConfig{Shard: 5, MaxFormat: lockfsm.Version, Halt: Halter{Skip: []uint64{1}}})
 	if r, _ := s.Update(sm.Entry{Index: 1, Cmd: open}); r.Value != 1 {
 		t.Fatalf("readable entry at the skipped index: %+v, want applied", r)
 	}
 
 	// The meta shard skips the same way: the layout stays.
-	m := NewMeta(Halter{Skip: 2})
+	m := NewMeta(Halter{Skip: []uint64{2}})
 	raw, err := layout.Encode(layout.New(1, 2, 1, layout.KeySchemeHashTag, []layout.Peer{{Name: "a", NodeHostID: "h"}}))
 	if err != nil {
 		t.Fatal(err)
