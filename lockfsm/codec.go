@@ -130,6 +130,11 @@ func MinCommandFormat(cmds []Command) byte {
 	return FormatPositional
 }
 
+// Level3 reports whether c uses a field or op of feature level 3: a peer
+// accepts such a command only in a cluster at level 3 or above, where
+// every replica reads it.
+func (c *Command) Level3() bool { return c.level3() }
+
 // level3 reports whether c uses a field or op of feature level 3, which
 // only FormatTagged carries.
 func (c *Command) level3() bool {

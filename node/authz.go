@@ -2,11 +2,13 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"crypto/tls"
 	"net"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -68,8 +70,29 @@ func (h routerHost) Authorize(ctx context.Context, shard uint64, cmds []lockfsm.
 	// an entry this peer writes, which marks their OpenSessions Capped
 	// from capsLevel on (router.Config.CapSessions): they need not come
 	// marked.
+	if err := n.fitsLevel(cmds); err != nil {
+		// This peer's view of the level may lag a raise the caller has
+		// seen: the caller may retry, and is served once it has.
+		return lockerr.RPC(lockerr.CodeBusy, "peer %s: %v", n.cfg.Name, err)
+	}
 	s := replica.Sessions{Shard: shard, Read: n.nh.StaleRead}
 	return n.refused(authz.Commands(callerOf(ctx), cmds, s))
+}
+
+// fitsLevel refuses commands that use what the cluster's feature level,
+// as this peer knows it, does not have yet: a replica of an older
+// release would halt on them.
+func (n *Node) fitsLevel(cmds []lockfsm.Command) error {
+	level := n.clusterLevel()
+	if level >= 3 {
+		return nil
+	}
+	for i := range cmds {
+		if cmds[i].Level3() {
+			return fmt.Errorf("%w: %s uses feature level 3; the cluster is at level %d, which not every replica may read", authz.ErrForbidden, cmds[i].Op, level)
+		}
+	}
+	return nil
 }
 
 // shardSessions is the local replica's view of shard's sessions, read

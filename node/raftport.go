@@ -56,6 +56,9 @@ func (r raftPeers) Proposal(c authz.Caller, shard uint64, payload []byte) error 
 	if err != nil {
 		return fmt.Errorf("commands that do not decode: %w", err)
 	}
+	if err := n.fitsLevel(cmds); err != nil {
+		return err
+	}
 	if n.authzOff() {
 		return nil
 	}

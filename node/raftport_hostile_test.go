@@ -11,6 +11,7 @@ import (
 	pb "github.com/lni/dragonboat/v4/raftpb"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
@@ -333,4 +334,69 @@ func TestRaftPortBrokenVariantIsCaught(t *testing.T) {
 	pollUntil(t, 20*time.Second, "the check to see the forged LeaderTerm on every lock shard replica", func() bool {
 		return len(forgedTerms(t, peers)) == want
 	})
+}
+
+// TestLevel3CommandsRefusedBelowLevel3: in a cluster at level 2 (one
+// peer of a release that reads no level-3 field), a command with a
+// level-3 field would halt that peer's replica. Forwarded over RPC it is
+// refused as retryable (the forwarder's view of a raise may be ahead of
+// the serving peer's); proposed over Raft it is dropped: no session of
+// its owner opens. The broken variant, the Raft filter off, lets the
+// Raft proposal commit, and the test sees the session open. (The held
+// peer plays the old release by the format byte only, so its replica
+// does not halt on the label here as the real one would.)
+func TestLevel3CommandsRefusedBelowLevel3(t *testing.T) {
+	for _, broken := range []bool{false, true} {
+		t.Run(map[bool]string{false: "filtered", true: "filter off"}[broken], func(t *testing.T) {
+			peers := startMixedCluster(t, clusterOpts{expect: 3, shards: 2, rf: 3}, "mixed", 2,
+				func(h *testHooks) { h.unsafeNoRaftFilter = broken })
+			if lvl := peers[0].node.clusterLevel(); lvl != 2 {
+				t.Fatalf("cluster at level %d, want 2", lvl)
+			}
+			old := peers[2]
+			p := peers[0].node.placement.Load()
+			shard := p.ShardIDs()[1]
+			key := keyOnShard(p, shard, "mixed")
+			lockAndUnlock(t, old.node, key)
+			labelled := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "mixed-1-forged", TTLMillis: 1000, Label: 77}
+			if !broken {
+				err := newAttacker(t, "local", nil).propose(peers[0], shard, labelled)
+				if lockerr.Code(err) != lockerr.CodeBusy {
+					t.Fatalf("a labelled OpenSession forwarded at level 2: %v, want refused as busy", err)
+				}
+			}
+			raw, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{labelled})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var leader raftTarget
+			pollUntil(t, 10*time.Second, "a leader of the shard", func() bool {
+				for _, x := range raftTargets(peers, "nobody") {
+					if x.shard == shard && x.peer.node.leadsShard(shard) {
+						leader = x
+						return true
+					}
+				}
+				return false
+			})
+			refusedBefore := leader.peer.node.replicas.RaftRefused()
+			raftForger{t: t}.send(leader.peer, pb.Message{Type: pb.Propose, ShardID: shard, To: leader.to, From: leader.from,
+				Entries: []pb.Entry{{Type: pb.EncodedEntry, ClientID: 12345, Key: 7, Cmd: append([]byte{0}, raw...)}}})
+			owned := func() int {
+				_, n := old.node.shardSessions(shard).Count("mixed-1-forged")
+				return n
+			}
+			if broken {
+				pollUntil(t, 10*time.Second, "the labelled OpenSession to commit without the filter", func() bool { return owned() == 1 })
+				return
+			}
+			if n := leader.peer.node.replicas.RaftRefused(); n == refusedBefore {
+				t.Fatalf("%s's filter refused nothing after the labelled Propose", leader.peer.cfg.Name)
+			}
+			lockAndUnlock(t, old.node, key) // an entry after the Propose, had it committed
+			if n := owned(); n != 0 {
+				t.Fatalf("%d sessions of the forged owner opened", n)
+			}
+		})
+	}
 }

@@ -333,12 +333,16 @@ func keyOnShard(p *layout.Placement, shard uint64, prefix string) string {
 
 // startMixedCluster forms a cluster of o.expect peers named prefix-1 and
 // on, the last held to feature level hold as a peer of an older release,
-// and waits until every one is ready.
-func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold uint8) []*testPeer {
+// each with hooks applied, and waits until every one is ready.
+func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold uint8, hooks ...func(*testHooks)) []*testPeer {
 	t.Helper()
 	var peers []*testPeer
 	for i := range o.expect {
-		peers = append(peers, &testPeer{cfg: testConfig(t, fmt.Sprintf("%s-%d", prefix, i+1), o)})
+		p := &testPeer{cfg: testConfig(t, fmt.Sprintf("%s-%d", prefix, i+1), o)}
+		for _, h := range hooks {
+			h(&p.hooks)
+		}
+		peers = append(peers, p)
 	}
 	peers[len(peers)-1].hooks.holdLevel = hold
 	t.Cleanup(func() {
