@@ -2,8 +2,8 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"crypto/tls"
+	"fmt"
 	"net"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
