@@ -306,7 +306,11 @@ func (sc *serverConn) run() {
 		}
 	}()
 
-	br := bufio.NewReaderSize(sc.conn, readBufSize)
+	// A connection costs its read buffer only once its first byte has
+	// come: until then it is unproven, and a flood of them (each pushed
+	// out by the next, internal/connslots) must not each allocate one.
+	waiting := bufio.NewReaderSize(sc.conn, 16)
+	br := waiting
 	for first := true; ; first = false {
 		// Read no more requests while the peer leaves MaxPendingBytes
 		// of answers unread or of requests running.
@@ -330,7 +334,9 @@ func (sc *serverConn) run() {
 			sc.readFailed(err, first)
 			return
 		}
-		if !first {
+		if first {
+			br = bufio.NewReaderSize(waiting, readBufSize)
+		} else {
 			// A frame that has begun gets at least half an IdleTimeout to
 			// arrive whole.
 			rd.atLeast(s.cfg.IdleTimeout)
