@@ -17,14 +17,20 @@ type raftPeers struct{ n *Node }
 
 var _ cluster.RaftPeers = raftPeers{}
 
-// Host returns the member this peer's copy of the layout places replica
-// of shard on; before this peer has one, no member.
-func (r raftPeers) Host(shard, replica uint64) (string, bool) {
+// Host returns the name and NodeHostID of the member this peer's copy of
+// the layout places replica of shard on; before this peer has one, no
+// member.
+func (r raftPeers) Host(shard, replica uint64) (string, string, bool) {
 	p := r.n.expectedLayout()
 	if p == nil {
-		return "", false
+		return "", "", false
 	}
-	return p.ReplicaPeer(shard, replica)
+	name, ok := p.ReplicaPeer(shard, replica)
+	if !ok {
+		return "", "", false
+	}
+	pe, ok := p.Peer(name)
+	return name, pe.NodeHostID, ok
 }
 
 // Proposal decides whether c may propose payload on shard: a layout on

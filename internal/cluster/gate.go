@@ -16,8 +16,9 @@ import (
 // answer. Its methods are called on transport goroutines, concurrently,
 // and must not block for long.
 type RaftPeers interface {
-	// Host returns the member the layout places replica of shard on.
-	Host(shard, replica uint64) (name string, ok bool)
+	// Host returns the name and NodeHostID of the member the layout
+	// places replica of shard on.
+	Host(shard, replica uint64) (name, nodeHostID string, ok bool)
 	// Proposal decides whether c may propose payload on shard
 	// (raftauth.View.Proposal).
 	Proposal(c authz.Caller, shard uint64, payload []byte) error

@@ -55,6 +55,10 @@
 //  9. A Propose carries only entries lockmesh makes: payloads its state
 //     machines read, which the sender may propose by the same rules as a
 //     forwarded RPC proposal (View.Proposal), or a membership change.
+//  10. A batch's SourceAddress, which dragonboat records as the address
+//     of the replicas its messages come from, is the NodeHostID the
+//     layout gives each of them, or is cleared: nobody redirects the
+//     Raft traffic of a replica by naming another address.
 //
 // A snapshot chunk passes when rule 2 holds for its ShardID, ReplicaID
 // (its To) and From.
@@ -102,9 +106,9 @@ const (
 type View interface {
 	// Local returns the id of this peer's running replica of shard.
 	Local(shard uint64) (replica uint64, ok bool)
-	// Host returns the name of the member the layout places replica of
-	// shard on.
-	Host(shard, replica uint64) (name string, ok bool)
+	// Host returns the name and NodeHostID of the member the layout
+	// places replica of shard on.
+	Host(shard, replica uint64) (name, nodeHostID string, ok bool)
 	// Proposal decides whether c may propose payload, the command of one
 	// entry (dragonboat's encoding header stripped), on shard: it reads
 	// as this peer's state machine would read it, and authorization
@@ -156,9 +160,10 @@ func (f *Filter) Refused() uint64 { return f.refused.Load() }
 func (f *Filter) Sent(b *pb.MessageBatch) { f.Logs.Sent(b) }
 
 // Batch keeps in b.Requests the messages that pass, in their order (a
-// Heartbeat's commit possibly lowered, rule 6), and returns the refusal
-// of each one dropped, but for misrouted ones (ErrMisrouted), which it
-// only counts. names are the sender's verified certificate names, nil
+// Heartbeat's commit possibly lowered, rule 6), clears a SourceAddress
+// that rule 10 refuses, and returns the refusal of each message dropped,
+// but for misrouted ones (ErrMisrouted), which it only counts, and of the
+// source address. names are the sender's verified certificate names, nil
 // without TLS.
 func (f *Filter) Batch(names []string, b *pb.MessageBatch) []error {
 	c := authz.Caller{Names: names}
@@ -177,7 +182,30 @@ func (f *Filter) Batch(names []string, b *pb.MessageBatch) []error {
 	}
 	clear(b.Requests[len(kept):])
 	b.Requests = kept
+	if err := f.source(b); err != nil {
+		errs = append(errs, err)
+	}
 	return errs
+}
+
+// source applies rule 10: dragonboat records a batch's SourceAddress as
+// the address of every replica its messages come from, so it must be the
+// NodeHostID the layout gives each of them; if not, it is cleared (the
+// messages still pass: their replicas' addresses come from the shard's
+// membership).
+func (f *Filter) source(b *pb.MessageBatch) error {
+	if b.SourceAddress == "" {
+		return nil
+	}
+	for i := range b.Requests {
+		m := &b.Requests[i]
+		if _, id, ok := f.View.Host(m.ShardID, m.From); !ok || id != b.SourceAddress {
+			src := b.SourceAddress
+			b.SourceAddress = ""
+			return refused("batch from %q carrying a message of replica %d of shard %d, which is %q's: its source address is ignored", src, m.From, m.ShardID, id)
+		}
+	}
+	return nil
 }
 
 // Message applies the rules to m from c, lowering a Heartbeat's commit
@@ -220,7 +248,7 @@ func (f *Filter) Message(c authz.Caller, m *pb.Message) error {
 			return refused("ReplicateResp acknowledging index %d; this replica's log ends at %d", m.LogIndex, b)
 		}
 	case pb.LeaderTransfer:
-		if _, ok := f.View.Host(m.ShardID, m.Hint); !ok || m.Hint == 0 {
+		if _, _, ok := f.View.Host(m.ShardID, m.Hint); !ok || m.Hint == 0 {
 			return refused("LeaderTransfer to replica %d, which the layout does not give shard %d", m.Hint, m.ShardID)
 		}
 	case pb.Propose:
@@ -250,7 +278,7 @@ func (f *Filter) route(c authz.Caller, shard, to, from uint64) error {
 	if to != local {
 		return misrouted("addressed to replica %d of shard %d; this peer's is %d", to, shard, local)
 	}
-	host, ok := f.View.Host(shard, from)
+	host, _, ok := f.View.Host(shard, from)
 	if !ok {
 		return misrouted("from replica %d, which this peer's layout does not give shard %d", from, shard)
 	}

@@ -20,19 +20,19 @@ type fakeView struct {
 
 func (fakeView) Local(shard uint64) (uint64, bool) { return 1, shard == 2 }
 
-func (fakeView) Host(shard, replica uint64) (string, bool) {
+func (fakeView) Host(shard, replica uint64) (string, string, bool) {
 	if shard != 2 {
-		return "", false
+		return "", "", false
 	}
 	switch replica {
 	case 1:
-		return "a", true
+		return "a", "nh-a", true
 	case 2:
-		return "b", true
+		return "b", "nh-b", true
 	case 3:
-		return "c", true
+		return "c", "nh-c", true
 	}
-	return "", false
+	return "", "", false
 }
 
 func (v fakeView) Proposal(c authz.Caller, _ uint64, payload []byte) error {
@@ -287,6 +287,34 @@ func TestBatchKeepsWhatPasses(t *testing.T) {
 	}
 	if len(b.Requests) != 2 || b.Requests[0].Type != pb.Heartbeat || b.Requests[1].Type != pb.RequestVote {
 		t.Fatalf("kept %v", b.Requests)
+	}
+}
+
+// Rule 10: a batch's source address is kept only when it is the
+// NodeHostID of every message's sender replica.
+func TestSourceAddress(t *testing.T) {
+	for _, tt := range []struct {
+		source string
+		from   []uint64
+		keep   bool
+	}{
+		{"nh-b", []uint64{2}, true},
+		{"nh-b", []uint64{2, 2}, true},
+		{"", []uint64{2}, true},
+		{"nh-c", []uint64{2}, false},
+		{"nh-b", []uint64{2, 3}, false},
+		{"127.0.0.1:1", []uint64{2}, false},
+	} {
+		b := pb.MessageBatch{SourceAddress: tt.source}
+		for _, from := range tt.from {
+			m := msg(pb.Heartbeat)
+			m.From = from
+			b.Requests = append(b.Requests, m)
+		}
+		errs := newFilter().Batch(nil, &b)
+		if kept := b.SourceAddress == tt.source; kept != tt.keep || len(b.Requests) != len(tt.from) || (len(errs) == 0) != tt.keep {
+			t.Errorf("source %q from %v: source now %q, %d messages, refusals %v; want kept %v", tt.source, tt.from, b.SourceAddress, len(b.Requests), errs, tt.keep)
+		}
 	}
 }
 
