@@ -135,19 +135,42 @@ func TestRaftFuzz(t *testing.T) {
 	})
 
 	t.Run("member", func(t *testing.T) {
-		files := map[string]RaftTLS{}
-		peers := startClusterWith(t, clusterOpts{peers: 3, rf: 3}, func(_ int, c *Config) {
-			hardened(c, ca, dir, key)
-			files[c.Name] = c.RaftTLS
-		})
-		own := files[peers[0].cfg.Name]
-		cert, err := tls.LoadX509KeyPair(own.CertFile, own.KeyFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
-		fuzzRaft(t, raftAttack{peers: peers, targets: peers[1:], tls: cfg, rng: rng(3), batches: batches, trace: trace})
+		fuzzRaft(t, memberAttack(t, ca, dir, key, nil, rng(3), batches, trace))
 	})
+}
+
+// memberAttack is peer-1's certificate attacking peer-2 and peer-3 of a
+// RaftTLS cluster whose peers have hook.
+func memberAttack(t *testing.T, ca *transporttest.CA, dir string, key []byte, hook func(*testHooks), rng *rand.Rand, batches int, trace *raftFuzzTrace) raftAttack {
+	files := map[string]RaftTLS{}
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, hook: hook, mutate: func(c *Config) {
+		hardened(c, ca, dir, key)
+		files[c.Name] = c.RaftTLS
+	}})
+	own := files[peers[0].cfg.Name]
+	cert, err := tls.LoadX509KeyPair(own.CertFile, own.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
+	return raftAttack{peers: peers, targets: peers[1:], tls: cfg, rng: rng, batches: batches, trace: trace}
+}
+
+// TestRaftFuzzCatchesTwoHolders: with authorization off (the hostile
+// suites' broken variant), a member's forged release of another member's
+// lock commits, and the fuzzer's watch of a held lock reports two
+// holders. It caught it within 20 batches in each of 3 runs.
+func TestRaftFuzzCatchesTwoHolders(t *testing.T) {
+	trace := openRaftFuzzTrace(t, 1)
+	a := memberAttack(t, transporttest.NewCA(t), t.TempDir(), randomKey(t, 32), func(h *testHooks) { h.unsafeNoAuthz = true },
+		rand.New(rand.NewPCG(1, 3)), 300, trace)
+	var seen string
+	a.violated = func(v string) { seen = v }
+	fuzzRaft(t, a)
+	if seen == "" {
+		t.Fatal("300 batches with authorization off, and the watch saw no two holders")
+	}
+	t.Logf("caught: %s", seen)
 }
 
 // raftAttack is one attacker's run against one cluster.
@@ -161,6 +184,9 @@ type raftAttack struct {
 	rng      *rand.Rand
 	batches  int
 	trace    *raftFuzzTrace
+	// violated, when set, is told of two holders and ends the attack
+	// (the broken variant's test); nil fails the test.
+	violated func(string)
 }
 
 func fuzzRaft(t *testing.T, a raftAttack) {
@@ -168,8 +194,20 @@ func fuzzRaft(t *testing.T, a raftAttack) {
 	// The control: the cluster serves before the attack, so a failed
 	// check later is the attack's doing.
 	probe.check(t, 0, nil)
-
+	// With identity, forged commands on another member's sessions are
+	// refused: a lock held by peer-2 with a waiter on peer-3 must never
+	// have two holders. (Anonymously, on plaintext loopback, a forged
+	// release of any session is a trusted local process's right.)
+	var watch *holdWatch
 	gen := &raftGen{r: a.rng, v: readRaftView(a.peers)}
+	if a.tls != nil {
+		watch = newHoldWatch(t, a.peers[1], a.peers[2], "raftfuzz/held")
+		gen.held = append(gen.held, watch.attempt(t, a.peers[1]))
+		if !a.stranger {
+			gen.self = a.peers[0].cfg.Name
+		}
+	}
+
 	senders := make([]*raftSender, len(a.targets))
 	for i, p := range a.targets {
 		senders[i] = &raftSender{addr: p.cfg.RaftAddr, tls: a.tls}
@@ -202,10 +240,25 @@ func fuzzRaft(t *testing.T, a raftAttack) {
 			s.close()
 		}
 		if i%raftFuzzCheckEvery == 0 || i == a.batches {
+			if watch != nil {
+				if v := watch.violation(); v != "" {
+					if a.violated != nil {
+						a.violated(v)
+						return
+					}
+					for _, line := range recent {
+						t.Log("sent since the last check: " + line)
+					}
+					t.Fatalf("after %d batches: %s", i, v)
+				}
+			}
 			probe.check(t, i, recent)
 			recent = recent[:0]
 			gen.v = readRaftView(a.peers)
 		}
+	}
+	if watch != nil {
+		watch.finish(t)
 	}
 
 	written := 0
@@ -216,6 +269,86 @@ func fuzzRaft(t *testing.T, a raftAttack) {
 	if !a.stranger && written == 0 {
 		t.Fatalf("no batch could be written to any Raft port: the attack never happened")
 	}
+}
+
+// holdWatch is a lock held through an attack with a waiter behind it:
+// the waiter granted while the holder's Done is open is two holders.
+type holdWatch struct {
+	key    string
+	lock   *Lock
+	waiter chan *Lock
+	got    *Lock // the waiter's lock, once granted
+}
+
+func newHoldWatch(t *testing.T, holder, waiter *testPeer, key string) *holdWatch {
+	t.Helper()
+	l, err := holder.node.Lock(ctxT(t, 20*time.Second), key)
+	if err != nil {
+		t.Fatalf("%s: lock %q: %v", holder.cfg.Name, key, err)
+	}
+	w := &holdWatch{key: key, lock: l, waiter: make(chan *Lock, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		for ctx.Err() == nil {
+			if l, err := waiter.node.Lock(ctx, key); err == nil {
+				w.waiter <- l
+				return
+			}
+		}
+	}()
+	return w
+}
+
+// attempt names the held lock's attempt, for forged releases of it.
+func (w *holdWatch) attempt(t *testing.T, holder *testPeer) heldAttempt {
+	t.Helper()
+	info, err := holder.node.Inspect(ctxT(t, 10*time.Second), w.key)
+	if err != nil || len(info.Holders) != 1 {
+		t.Fatalf("inspect %q: %+v, %v", w.key, info, err)
+	}
+	h := info.Holders[0]
+	return heldAttempt{shard: holder.node.placement.Load().ShardOf(w.key), session: h.ShardSession, req: h.Request}
+}
+
+// violation says whether the waiter holds the key while the holder's
+// lease is still good; a holder whose lease the attack's disruption ended
+// (Done closed) may rightly be followed.
+func (w *holdWatch) violation() string {
+	if w.got == nil {
+		select {
+		case w.got = <-w.waiter:
+		default:
+			return ""
+		}
+	}
+	select {
+	case <-w.lock.Done():
+		return ""
+	default:
+		return fmt.Sprintf("two holders: the waiter was granted token %d while the holder's Done is open (token %d)", w.got.Token(), w.lock.Token())
+	}
+}
+
+// finish releases the held lock and checks that the key was handed on
+// with a newer token.
+func (w *holdWatch) finish(t *testing.T) {
+	t.Helper()
+	if v := w.violation(); v != "" {
+		t.Fatal(v)
+	}
+	w.lock.Release()
+	if w.got == nil {
+		select {
+		case w.got = <-w.waiter:
+		case <-time.After(raftFuzzServeBound):
+			t.Fatalf("the waiter was not granted %v after the holder let go", raftFuzzServeBound)
+		}
+	}
+	if w.got.Token() <= w.lock.Token() {
+		t.Fatalf("the waiter's token %d is not above the holder's %d", w.got.Token(), w.lock.Token())
+	}
+	w.got.Release()
 }
 
 // raftFuzzFrame frames body as dragonboat's TCP transport does (see
@@ -496,7 +629,7 @@ func readRaftView(peers []*testPeer) *raftView {
 		sessions:   map[uint64][]uint64{},
 	}
 	for _, p := range peers {
-		v.addrs = append(v.addrs, p.cfg.RaftAddr)
+		v.addrs = append(v.addrs, p.cfg.RaftAddr, p.node.nh.ID())
 		for _, shard := range v.layout.ShardIDs() {
 			lr, err := p.node.nh.GetLogReader(shard)
 			if err != nil {
@@ -536,6 +669,35 @@ func deploymentID(n *Node) uint64 {
 type raftGen struct {
 	r *rand.Rand
 	v *raftView
+	// held are lock attempts a peer other than the attacker holds: a
+	// forged Release or Cancel aims at one of them half the time, and one
+	// batch in 20 is a well-formed forged release of one.
+	held []heldAttempt
+	// self is the member the attacker's certificate names; "" without.
+	self string
+}
+
+// heldAttempt is a granted Acquire: its shard, session and request.
+type heldAttempt struct{ shard, session, req uint64 }
+
+// forgedRelease is a well-formed Propose, from the attacker's own replica
+// (any other replica when it has no name), of a Release of a held
+// attempt: only authorization stands between it and two holders.
+func (g *raftGen) forgedRelease(target string) (pb.Message, string) {
+	h := g.held[g.r.IntN(len(g.held))]
+	to, _ := g.v.layout.ReplicaID(h.shard, target)
+	from, ok := g.v.layout.ReplicaID(h.shard, g.self)
+	if !ok {
+		from = g.from(h.shard, to)
+	}
+	cmds := []lockfsm.Command{{Op: lockfsm.OpRelease, Session: h.session, Req: 1000 + g.r.Uint64N(1000), Target: h.req}}
+	b, err := lockfsm.EncodeCommandsFormat(g.v.format, cmds)
+	if err != nil {
+		panic(err)
+	}
+	m := pb.Message{Type: pb.Propose, ShardID: h.shard, To: to, From: from,
+		Entries: []pb.Entry{{Type: pb.EncodedEntry, ClientID: 1 + g.r.Uint64N(1<<62), Key: 1 + g.r.Uint64N(1<<62), Cmd: append([]byte{0}, b...)}}}
+	return m, describeMessage(m, []string{"forged release of a held lock: " + describeCommands(cmds)})
 }
 
 var raftFuzzHuge = []uint64{1 << 32, 1 << 62, 1 << 63, math.MaxUint64 - 1, math.MaxUint64}
@@ -583,6 +745,11 @@ func (g *raftGen) batch(target string) (pb.MessageBatch, string) {
 	}
 	what = append(what, fmt.Sprintf("source %.40q", b.SourceAddress))
 
+	if len(g.held) > 0 && g.r.IntN(20) == 0 {
+		m, w := g.forgedRelease(target)
+		b.Requests = []pb.Message{m}
+		return b, strings.Join(append(what, w), "; ")
+	}
 	if g.r.IntN(50) == 0 {
 		ms, w := g.flood(target)
 		b.Requests = ms
@@ -715,6 +882,20 @@ func (g *raftGen) message(target string) (pb.Message, string) {
 	m.Reject = g.r.IntN(4) == 0
 	var entries []string
 	m.Entries, entries = g.entries(&m)
+	if m.Type == pb.Propose && shard != layout.MetaShard && g.r.IntN(3) == 0 {
+		// A proposal as a peer makes one, which only authorization can
+		// refuse: one entry of lock commands, with dragonboat's header.
+		m.Term = 0
+		cmds := g.lockCommands(shard)
+		format := g.v.format
+		if lockfsm.MinCommandFormat(cmds) == lockfsm.FormatTagged {
+			format = lockfsm.FormatTagged
+		}
+		if b, err := lockfsm.EncodeCommandsFormat(format, cmds); err == nil {
+			m.Entries = []pb.Entry{{Type: pb.EncodedEntry, ClientID: 1 + g.r.Uint64N(math.MaxUint64-1), Key: 1 + g.r.Uint64N(math.MaxUint64-1), Cmd: append([]byte{0}, b...)}}
+			entries = []string{"well-formed: " + describeCommands(cmds)}
+		}
+	}
 	if m.Type == pb.InstallSnapshot && g.r.IntN(2) == 0 {
 		m.Snapshot = g.snapshot(shard)
 	}
@@ -907,6 +1088,11 @@ func (g *raftGen) lockCommands(shard uint64) []lockfsm.Command {
 			}
 		case lockfsm.OpRelease, lockfsm.OpCancel:
 			c.Target = 1 + g.r.Uint64N(64)
+			for _, h := range g.held {
+				if h.shard == shard && g.r.IntN(2) == 0 {
+					c.Session, c.Target = h.session, h.req
+				}
+			}
 		case lockfsm.OpExpireHold:
 			c.Target = 1 + g.r.Uint64N(64)
 			c.Term = max(1, g.value(term))
