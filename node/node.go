@@ -94,9 +94,9 @@ type Node struct {
 func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if brokenTermFence {
 		cfg.setDefaults()
-		cfg.Logger.Error("BROKEN BUILD: this binary was built with lockmesh_broken_termfence; expiries are not term-fenced and locks can be granted twice. Test use only.")
+		cfg.Logger.Error("BROKEN BUILD: this binary was built with lockmesh_broken_termfence; expiries are not term-fenced, the Raft port is not filtered, and locks can be granted twice. Test use only.")
 	}
-	return start(ctx, cfg, testHooks{unsafeSkipExpiryTerm: brokenTermFence})
+	return start(ctx, cfg, testHooks{unsafeSkipExpiryTerm: brokenTermFence, unsafeNoRaftFilter: brokenTermFence})
 }
 
 // start is Start with test hooks.
