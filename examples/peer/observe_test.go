@@ -46,32 +46,30 @@ func TestHTTPHosts(t *testing.T) {
 		return http.ErrUseLastResponse
 	}}
 	paths := []string{"/", "/metrics", "/debug/lockmesh/status.json", "/debug/lockmesh/key?k=a", "/debug/pprof/"}
+	get := func(path, host string) (int, []byte) {
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		req.Host = host
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, body
+	}
 	for _, host := range []string{"evil.example", "evil.example:9100", "ops.example", "127.0.0.1.evil.example"} {
 		for _, path := range paths {
-			req, _ := http.NewRequest("GET", srv.URL+path, nil)
-			req.Host = host
-			resp, err := noRedirect.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusMisdirectedRequest || !strings.Contains(string(body), "-http-host") {
-				t.Errorf("GET %s with Host %q: %d %.200q, want 421 saying how to allow a name", path, host, resp.StatusCode, body)
+			status, body := get(path, host)
+			if status != http.StatusMisdirectedRequest || !strings.Contains(string(body), "-http-host") {
+				t.Errorf("GET %s with Host %q: %d %.200q, want 421 saying how to allow a name", path, host, status, body)
 			}
 		}
 	}
 	for _, host := range []string{"", "127.0.0.2:9100", "localhost:9100", "[::1]:9100", "peer-1.ops.example:9100", "grafana.ops.example"} {
 		for _, path := range paths {
-			req, _ := http.NewRequest("GET", srv.URL+path, nil)
-			req.Host = host
-			resp, err := noRedirect.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if want := map[bool]int{true: http.StatusFound, false: http.StatusOK}[path == "/"]; resp.StatusCode != want {
-				t.Errorf("GET %s with Host %q: %d, want %d", path, host, resp.StatusCode, want)
+			status, _ := get(path, host)
+			if want := map[bool]int{true: http.StatusFound, false: http.StatusOK}[path == "/"]; status != want {
+				t.Errorf("GET %s with Host %q: %d, want %d", path, host, status, want)
 			}
 		}
 	}
