@@ -2,8 +2,6 @@ package lockfsm
 
 import (
 	"fmt"
-	"slices"
-	"strings"
 )
 
 // The lock family: read/write locks, counting semaphores and
@@ -94,10 +92,14 @@ const (
 	// holders (Result.Holders), so the caller needs no second read.
 	FlagDetail Flags = 1 << iota
 	// FlagDeadlock refuses, with StatusDeadlock, an Acquire that would
-	// wait and so close a cycle of sessions each waiting for a key the
-	// next one holds. Its session counts as one thread of control: while
-	// it waits it releases nothing. Only waits of attempts made with the
-	// flag are edges of the wait-for graph.
+	// wait for ever: its session counts as one thread of control, which
+	// releases nothing while it waits, and so does every session waiting
+	// with the flag; every other session is taken to release what it
+	// holds, some time. The check plays the queues forward under those
+	// rules (see deadlock.go), so a cycle through a holder, a waiter
+	// queued ahead, a group or a semaphore's permits — the session's own
+	// included — is refused, and a wait that some release would end is
+	// not. Err names the cycle by Session label.
 	FlagDeadlock
 
 	knownFlags = FlagDetail | FlagDeadlock
@@ -109,8 +111,8 @@ const (
 	MaxGroup = 64
 	// maxDetailHolders is the most holders a refusal names.
 	maxDetailHolders = 16
-	// maxCycleSearch bounds the sessions a deadlock check visits; a
-	// search that reaches it finds no cycle.
+	// maxCycleSearch bounds the keys and sessions a deadlock check
+	// plays; a check that would need more refuses nothing.
 	maxCycleSearch = 4096
 )
 
@@ -183,6 +185,9 @@ var broken struct {
 	readerJoinsWriter bool // a reader joins a writer
 	semaphoreOverfill bool // a semaphore grants past its permits
 	groupPiecemeal    bool // a group's head is granted without the rest
+	// The deadlock check lets a new wait jump the queues it joins, so it
+	// misses a cycle through a waiter ahead of it (issue 31's first case).
+	deadlockIgnoresQueue bool
 }
 
 // canGrant reports whether the attempt at can join k's holders now,
@@ -365,14 +370,14 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 		}
 	default:
 		if first.Flags&FlagDeadlock != 0 {
-			names := make([]string, len(group))
+			reqs := make([]uint64, len(group))
 			for i := range group {
-				names[i] = group[i].Key
+				reqs[i] = group[i].Req
 			}
-			if cycle := a.s.cycle(sess.id, names, keys); cycle != "" {
+			if why := a.s.deadlock(sess, reqs, ats); why != "" {
 				for i := range group {
 					sess.finish(group[i].Req, ats[i], ReqRejected)
-					results[i] = Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire of a group at %q: waiting would close a wait-for cycle: %s", first.Key, cycle)}
+					results[i] = Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire of a group at %q: waiting would deadlock: %s", first.Key, why)}
 					a.dropIfIdle(group[i].Key, keys[i])
 				}
 				return n
@@ -385,80 +390,6 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 		}
 	}
 	return n
-}
-
-// cycle reports the wait-for cycle that session would close by waiting
-// on keys (named names), or "" when there is none. An edge runs from a session to each
-// holder of a key it waits for; only waits made with FlagDeadlock count
-// (the new one does), and a semaphore's holders are no edges: a waiter
-// there needs some of them to release, not all, so a cycle through them
-// need not be a deadlock. The search is breadth-first in a fixed order,
-// so every replica finds the same cycle.
-func (s *State) cycle(session uint64, names []string, keys []*lockKey) string {
-	type hop struct {
-		from uint64 // the waiting session
-		key  string
-	}
-	from := map[uint64]hop{} // session -> how the search reached it
-	var queue []uint64
-	visit := func(waiter uint64, key string, k *lockKey) bool {
-		if k.role() == roleSemaphore {
-			return false
-		}
-		for _, h := range k.holders() {
-			if _, seen := from[h.session]; seen {
-				continue
-			}
-			from[h.session] = hop{waiter, key}
-			if h.session == session {
-				return true
-			}
-			queue = append(queue, h.session)
-		}
-		return false
-	}
-	found := false
-	for i, k := range keys {
-		if found = visit(session, names[i], k); found {
-			break
-		}
-	}
-	for len(queue) > 0 && !found && len(from) < maxCycleSearch {
-		t := queue[0]
-		queue = queue[1:]
-		sess := s.sessions[t]
-		var waits []uint64
-		for req, at := range sess.reqs {
-			if at.state == ReqWaiting && at.deadlock {
-				waits = append(waits, req)
-			}
-		}
-		slices.Sort(waits)
-		for _, req := range waits {
-			at := sess.reqs[req]
-			if found = visit(t, at.key, s.keys[at.key]); found {
-				break
-			}
-		}
-	}
-	if !found {
-		return ""
-	}
-	// Walk back from session to itself: each hop is "waiter waits for
-	// key, held by the next".
-	var steps []string
-	at := session
-	for range len(from) + 1 {
-		h := from[at]
-		steps = append(steps, fmt.Sprintf("session %d (%s) waits for %q, held by session %d (%s)",
-			h.from, s.sessions[h.from].owner, h.key, at, s.sessions[at].owner))
-		at = h.from
-		if at == session {
-			break
-		}
-	}
-	slices.Reverse(steps)
-	return strings.Join(steps, "; ")
 }
 
 // Units splits a batch into what must stay together: each command on its

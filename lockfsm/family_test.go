@@ -188,7 +188,7 @@ func TestFamilyTable(t *testing.T) {
 			one(Command{Op: OpAcquire, Session: C, Req: 3, Key: "w", Wait: true, Flags: FlagDeadlock}, granted(4), g("w", C, 3, 4)),
 			one(Command{Op: OpAcquire, Session: A, Req: 3, Key: "w", Wait: true, Flags: FlagDeadlock}, queued),
 		}},
-		{name: "deadlock: semaphore holders are no edges", steps: []step{
+		{name: "deadlock: a semaphore wait another holder's release ends", steps: []step{
 			one(permits(A, 1, "s", 2, 1, true), granted(1), g("s", A, 1, 1)),
 			one(permits(B, 1, "s", 2, 1, true), granted(2), g("s", B, 1, 2)),
 			one(acq(C, 1, "x", true), granted(3), g("x", C, 1, 3)),
@@ -261,7 +261,7 @@ func TestDeadlockNamesTheCycle(t *testing.T) {
 	if err != nil || rs[0].Status != StatusDeadlock {
 		t.Fatalf("%+v %v", rs, err)
 	}
-	for _, want := range []string{`session 2 (nb) waits for "x", held by session 1 (na)`, `session 1 (na) waits for "y", held by session 2 (nb)`} {
+	for _, want := range []string{`shard session 2 (nb) waits for "x", held by shard session 1 (na)`, `shard session 1 (na) waits for "y", held by shard session 2 (nb)`} {
 		if !strings.Contains(rs[0].Err, want) {
 			t.Errorf("deadlock error %q does not say %q", rs[0].Err, want)
 		}

@@ -250,7 +250,7 @@ const (
 	// changed.
 	StatusMismatch
 	// StatusDeadlock: an Acquire with FlagDeadlock that would have waited
-	// and closed a wait-for cycle of sessions; Err names the cycle. The
+	// for ever, in a wait-for cycle of sessions; Err names the cycle. The
 	// attempt is refused (terminal), as a TryLock is.
 	StatusDeadlock
 	// StatusLimitMismatch: a semaphore Acquire whose permit count (Limit)
@@ -821,10 +821,10 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 		return res
 	}
 	if c.Flags&FlagDeadlock != 0 {
-		if cycle := a.s.cycle(sess.id, []string{c.Key}, []*lockKey{k}); cycle != "" {
+		if why := a.s.deadlock(sess, []uint64{c.Req}, []*attempt{at}); why != "" {
 			sess.finish(c.Req, at, ReqRejected)
 			a.dropIfIdle(c.Key, k)
-			return Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire %q: waiting would close a wait-for cycle: %s", c.Key, cycle)}
+			return Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire %q: waiting would deadlock: %s", c.Key, why)}
 		}
 	}
 	a.s.noteMaxHold(sess.id, c)
@@ -1030,7 +1030,7 @@ func (a *applier) endSession(sess *session) {
 			at.state = ReqCancelled
 			if k.idle() {
 				delete(a.s.keys, at.key)
-			} else if len(k.holders()) == 0 || k.role() != roleMutex {
+			} else {
 				left = append(left, at.key)
 			}
 		}
@@ -1041,10 +1041,13 @@ func (a *applier) endSession(sess *session) {
 		}
 	}
 	a.s.dropSession(sess)
-	// A mutex queue only ever waits on its holders, so a waiter leaving
-	// frees nothing there (and a mutex key's order of hand-offs stays
-	// what it was before the lock family). On the other roles, and on a
-	// key whose group head left, the new head may be grantable.
+	// A waiter leaving frees no capacity, but it may have been the head
+	// that held the queue back (a group not ready, a large semaphore
+	// request, a writer before readers, on a mutex of any limit). Where
+	// it was not, the head still cannot be granted and handOff grants
+	// nothing: without groups (below feature level 3) a mutex's head
+	// waits only on its holders, so logs of earlier releases replay as
+	// they were first applied.
 	for _, key := range left {
 		if k := a.s.keys[key]; k != nil {
 			a.handOff(key, k)
