@@ -31,6 +31,7 @@ import (
 // simAttempt is an attempt in the play: a holder or a waiter of a key.
 type simAttempt struct {
 	sess    *simSession
+	id      attemptID
 	req     uint64
 	key     *simKey
 	kind    Kind
@@ -49,10 +50,12 @@ type simSession struct {
 	blocked int // flagged attempts still waiting; 0: it will release
 	holds   []*simAttempt
 	waits   []*simAttempt // by request id
-	// group is its waiting attempts by request id, to find a group's
-	// members.
-	group map[uint64]*simAttempt
+	// group is its waiting attempts, to find a group's members.
+	group map[attemptID]*simAttempt
 }
+
+// attemptID names an attempt in a play of one or several shards.
+type attemptID struct{ shard, session, req uint64 }
 
 // simKey is a key in the play.
 type simKey struct {
@@ -94,7 +97,7 @@ func (s *State) deadlock(sess *session, reqs []uint64, ats []*attempt) string {
 		sa.flagged = true
 		k.queue = append(k.queue, sa)
 		me.waits = append(me.waits, sa)
-		me.group[sa.req] = sa
+		me.group[sa.id] = sa
 		me.blocked++
 		mine = append(mine, sa)
 	}
@@ -105,7 +108,8 @@ func (s *State) deadlock(sess *session, reqs []uint64, ats []*attempt) string {
 	if mine[0].held {
 		return ""
 	}
-	return p.explain(me, mine)
+	why, _ := p.explain(me, mine)
+	return why
 }
 
 // session adds sess to the play, with what it waits for, and returns it;
@@ -117,7 +121,7 @@ func (p *deadlockPlay) session(sess *session) *simSession {
 	if len(p.sessions)+len(p.keys) >= maxCycleSearch {
 		return nil
 	}
-	ss := &simSession{id: sess.id, owner: sess.owner, label: sess.label, group: map[uint64]*simAttempt{}}
+	ss := &simSession{id: sess.id, owner: sess.owner, label: sess.label, group: map[attemptID]*simAttempt{}}
 	p.sessions[sess.id] = ss
 	return ss
 }
@@ -142,7 +146,7 @@ func (p *deadlockPlay) key(name string) *simKey {
 
 // attempt is the play's record of the attempt (ss, req).
 func (p *deadlockPlay) attempt(ss *simSession, req uint64, at *attempt, k *simKey) *simAttempt {
-	return &simAttempt{sess: ss, req: req, key: k, kind: at.kind, permits: at.permits, size: at.size, first: at.first(req), flagged: at.deadlock}
+	return &simAttempt{sess: ss, id: attemptID{0, ss.id, req}, req: req, key: k, kind: at.kind, permits: at.permits, size: at.size, first: at.first(req), flagged: at.deadlock}
 }
 
 // closure fills the play: every key met brings its holders and waiters,
@@ -174,7 +178,7 @@ func (p *deadlockPlay) closure() bool {
 					ss.holds = append(ss.holds, sa)
 				} else {
 					k.queue = append(k.queue, sa)
-					ss.group[h.req] = sa
+					ss.group[sa.id] = sa
 					ss.waits = append(ss.waits, sa)
 					if sa.flagged {
 						ss.blocked++
@@ -261,7 +265,7 @@ func (p *deadlockPlay) handOff(k *simKey) {
 		}
 		members := make([]*simAttempt, 0, w.size)
 		for req := w.first; req < w.first+uint64(w.size); req++ {
-			m := w.sess.group[req]
+			m := w.sess.group[attemptID{w.id.shard, w.id.session, req}]
 			if m == nil || m.held || m.key.queue[0] != m || !m.key.fits(m) {
 				return
 			}
@@ -312,30 +316,32 @@ func (k *simKey) fits(w *simAttempt) bool {
 // step is a session waiting for a key, held by, or queued behind, a
 // session that is stuck too, until a session comes round again (me, when
 // the new wait closes the cycle).
-func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) string {
+// It also returns the sessions of the cycle, in its order.
+func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) (string, []*simSession) {
 	var steps []string
+	var path []*simSession
 	seen := map[*simSession]int{}
 	at, waits := me, mine
 	for {
 		seen[at] = len(steps)
+		path = append(path, at)
 		next, step := blocker(at, waits)
 		if next == nil {
 			if len(steps) == 0 {
-				return fmt.Sprintf("%s waits for %q, which nothing that waits could free", me.name(), mine[0].key.name)
+				return fmt.Sprintf("%s waits for %q, which nothing that waits could free", me.name(), mine[0].key.name), nil
 			}
-			break
+			return strings.Join(steps, "; "), nil
 		}
 		steps = append(steps, step)
 		if i, ok := seen[next]; ok {
-			steps = steps[i:]
+			steps, path = steps[i:], path[i:]
 			if next != me {
 				steps = append([]string{"the wait queues behind a cycle:"}, steps...)
 			}
-			break
+			return strings.Join(steps, "; "), path
 		}
 		at, waits = next, next.waits
 	}
-	return strings.Join(steps, "; ")
 }
 
 // blocker is the first stuck session that the first of ss's waits with
