@@ -59,6 +59,7 @@ type attemptID struct{ shard, session, req uint64 }
 
 // simKey is a key in the play.
 type simKey struct {
+	shard   uint64 // in a play of several shards
 	name    string
 	role    role
 	limit   uint32
@@ -108,7 +109,7 @@ func (s *State) deadlock(sess *session, reqs []uint64, ats []*attempt) string {
 	if mine[0].held {
 		return ""
 	}
-	why, _ := p.explain(me, mine)
+	why, _, _ := p.explain(me, mine)
 	return why
 }
 
@@ -316,29 +317,32 @@ func (k *simKey) fits(w *simAttempt) bool {
 // step is a session waiting for a key, held by, or queued behind, a
 // session that is stuck too, until a session comes round again (me, when
 // the new wait closes the cycle).
-// It also returns the sessions of the cycle, in its order.
-func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) (string, []*simSession) {
+// It also returns the sessions of the cycle and the keys of its steps,
+// in its order.
+func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) (string, []*simSession, []*simKey) {
 	var steps []string
 	var path []*simSession
+	var keys []*simKey
 	seen := map[*simSession]int{}
 	at, waits := me, mine
 	for {
 		seen[at] = len(steps)
 		path = append(path, at)
-		next, step := blocker(at, waits)
+		next, key, step := blocker(at, waits)
 		if next == nil {
 			if len(steps) == 0 {
-				return fmt.Sprintf("%s waits for %q, which nothing that waits could free", me.name(), mine[0].key.name), nil
+				return fmt.Sprintf("%s waits for %q, which nothing that waits could free", me.name(), mine[0].key.name), nil, nil
 			}
-			return strings.Join(steps, "; "), nil
+			return strings.Join(steps, "; "), nil, nil
 		}
 		steps = append(steps, step)
+		keys = append(keys, key)
 		if i, ok := seen[next]; ok {
-			steps, path = steps[i:], path[i:]
+			steps, path, keys = steps[i:], path[i:], keys[i:]
 			if next != me {
 				steps = append([]string{"the wait queues behind a cycle:"}, steps...)
 			}
-			return strings.Join(steps, "; "), path
+			return strings.Join(steps, "; "), path, keys
 		}
 		at, waits = next, next.waits
 	}
@@ -346,7 +350,7 @@ func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) (string, []*s
 
 // blocker is the first stuck session that the first of ss's waits with
 // one waits for: a holder of its key, or a waiter ahead of it.
-func blocker(ss *simSession, waits []*simAttempt) (*simSession, string) {
+func blocker(ss *simSession, waits []*simAttempt) (*simSession, *simKey, string) {
 	for _, w := range waits {
 		if w.held {
 			continue
@@ -356,7 +360,7 @@ func blocker(ss *simSession, waits []*simAttempt) (*simSession, string) {
 			if h.sess == ss {
 				how = "held by itself,"
 			}
-			return h.sess, fmt.Sprintf("%s waits for %q, %s %s", ss.name(), w.key.name, how, h.sess.name())
+			return h.sess, w.key, fmt.Sprintf("%s waits for %q, %s %s", ss.name(), w.key.name, how, h.sess.name())
 		}
 		for _, a := range w.key.queue {
 			if a == w {
@@ -366,10 +370,10 @@ func blocker(ss *simSession, waits []*simAttempt) (*simSession, string) {
 			if a.sess == ss {
 				how = "queued behind itself,"
 			}
-			return a.sess, fmt.Sprintf("%s waits for %q, %s %s", ss.name(), w.key.name, how, a.sess.name())
+			return a.sess, w.key, fmt.Sprintf("%s waits for %q, %s %s", ss.name(), w.key.name, how, a.sess.name())
 		}
 	}
-	return nil, ""
+	return nil, nil, ""
 }
 
 // name is how a refusal names the session: by its Session's ID (the

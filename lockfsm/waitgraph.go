@@ -78,6 +78,12 @@ func (s *State) waitAttempts(list []ref) []WaitAttempt {
 	return out
 }
 
+// ShardKey names a key and its shard.
+type ShardKey struct {
+	Shard uint64
+	Key   string
+}
+
 // ShardWaits is one shard's WaitGraph.
 type ShardWaits struct {
 	Shard uint64
@@ -87,12 +93,15 @@ type ShardWaits struct {
 // StuckWait is a waiting attempt that could never be granted while every
 // Session that waits with FlagDeadlock keeps what it holds.
 type StuckWait struct {
-	Shard   uint64
-	Waiter  WaitAttempt
-	Key     string
-	Why     string   // the wait-for cycle, as a refusal names it
-	Cycle   []uint64 // the labels of the cycle's sessions, in its order
-	Victim  bool     // this wait is the one of its cycle to refuse
+	Shard  uint64
+	Waiter WaitAttempt
+	Key    string
+	Why    string   // the wait-for cycle, as a refusal names it
+	Cycle  []uint64 // the labels of the cycle's sessions, in its order
+	// Keys are the keys of the cycle's steps, in its order: a checker
+	// that reads the graphs again can see whether they stayed as they were.
+	Keys    []ShardKey
+	Victim  bool // this wait is the one of its cycle to refuse
 	cycleOf []*simSession
 }
 
@@ -105,7 +114,6 @@ type StuckWait struct {
 // label. Refusing it breaks the cycle.
 func StuckWaits(shards []ShardWaits) []StuckWait {
 	p := &deadlockPlay{sessions: map[uint64]*simSession{}, keys: map[string]*simKey{}}
-	bySession := map[*simSession][]*simAttempt{}
 	var flagged []*simAttempt
 	var shardOf []uint64
 	unlabelled := uint64(0)
@@ -132,7 +140,7 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 	for _, sw := range shards {
 		for _, wk := range sw.Keys {
 			name := fmt.Sprintf("%d/%s", sw.Shard, wk.Key)
-			k := &simKey{name: wk.Key, role: roleOf(wk.Role), limit: wk.Limit}
+			k := &simKey{shard: sw.Shard, name: wk.Key, role: roleOf(wk.Role), limit: wk.Limit}
 			p.keys[name] = k
 			p.order = append(p.order, name)
 			for j, list := range [][]WaitAttempt{wk.Holders, wk.Waiters} {
@@ -153,7 +161,6 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 						ss.blocked++
 						flagged = append(flagged, sa)
 						shardOf = append(shardOf, sw.Shard)
-						bySession[ss] = append(bySession[ss], sa)
 					}
 				}
 			}
@@ -165,8 +172,11 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 		if w.held {
 			continue
 		}
-		why, cycle := p.explain(w.sess, []*simAttempt{w})
+		why, cycle, keys := p.explain(w.sess, []*simAttempt{w})
 		st := StuckWait{Shard: shardOf[i], Key: w.key.name, Why: why, cycleOf: cycle}
+		for _, k := range keys {
+			st.Keys = append(st.Keys, ShardKey{k.shard, k.name})
+		}
 		st.Waiter = WaitAttempt{Holder: Holder{Session: w.id.session, Req: w.req, Owner: w.sess.owner, Label: w.sess.label, Kind: w.kind, Permits: w.permits},
 			Group: w.size, First: w.first, Flagged: true}
 		for _, ss := range cycle {

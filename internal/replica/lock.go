@@ -234,7 +234,12 @@ const (
 	QueryKey                       // Key's holders and waiters
 	QuerySessions                  // every session, the recorded term and the timed holds
 	QueryTop                       // the most contended keys and longest holds (feature level 3)
+	QueryWaits                     // the keys with waiters, for cross-shard deadlocks (feature level 3)
 )
+
+// MaxWaitAttempts bounds the holders and waiters a QueryWaits answers;
+// past it the answer is cut short (Answer.WaitsComplete false).
+const MaxWaitAttempts = 8192
 
 // Answer is Lookup's reply to a Query.
 type Answer struct {
@@ -254,6 +259,10 @@ type Answer struct {
 	WaiterAges []Age `msgpack:"wa,omitempty"`
 	// Top answers a QueryTop.
 	Top *Top `msgpack:"tp,omitempty"`
+	// Waits answers a QueryWaits: lockfsm.State.WaitGraph, complete
+	// unless WaitsComplete is false.
+	Waits         []lockfsm.WaitKey `msgpack:"wt,omitempty"`
+	WaitsComplete bool              `msgpack:"wc,omitempty"`
 }
 
 // Age is how long ago a grant or wait began, as the answering replica
@@ -333,6 +342,8 @@ func (s *Lock) Lookup(q any) (any, error) {
 		}
 	case QueryTop:
 		a.Top = s.top(min(max(lq.K, 1), MaxTop))
+	case QueryWaits:
+		a.Waits, a.WaitsComplete = s.state.WaitGraph(MaxWaitAttempts)
 	case QuerySessions:
 		a.Sessions, a.Term, a.Holds = s.state.Sessions(), s.state.Term(), s.state.MaxHolds()
 	default:
