@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,8 +26,13 @@ type Held struct {
 	// maximum hold (Spec.MaxHold): zero for none.
 	holdDeadline time.Time
 	// holds counts the holds of a reentrant Owner on this grant (1 for
-	// the first); guarded by mu.
+	// the first); guarded by mu. Once the last is left the grant is
+	// ending: nothing may re-enter it.
 	holds int
+	// unlisted is closed once the grant is no longer listed in its
+	// session's held locks: its release is registered by then (an
+	// acquire of the key waits for it), or the session is lost.
+	unlisted chan struct{}
 
 	once sync.Once
 	done chan struct{}
@@ -42,7 +48,7 @@ type Held struct {
 // or a later read) plus the maximum, less the lease margin: the leader
 // counts the maximum from when it first sees the grant, which is later.
 func (s *Session) newHeld(key string, req, token uint64, spec Spec, since time.Time) *Held {
-	h := &Held{s: s, key: key, req: req, token: token, spec: spec, holds: 1, done: make(chan struct{})}
+	h := &Held{s: s, key: key, req: req, token: token, spec: spec, holds: 1, unlisted: make(chan struct{}), done: make(chan struct{})}
 	if spec.MaxHold > 0 {
 		h.holdDeadline = since.Add(spec.MaxHold - Margin(spec.MaxHold, s.c.cfg.LeaseMargin))
 	}
@@ -53,6 +59,7 @@ func (s *Session) newHeld(key string, req, token uint64, spec Spec, since time.T
 	}
 	s.mu.Unlock()
 	if err != nil {
+		close(h.unlisted) // never listed
 		h.claim(err)
 		return h
 	}
@@ -94,14 +101,62 @@ func (s *Session) heldOf(key string) *Held {
 	return nil
 }
 
-// dropHeld forgets h as held. s.mu is held.
+// listedHold returns s's holds of key as listed now: the first that has
+// ended or is ending (see Held.ending), and the first that is live.
+func (s *Session) listedHold(key string) (ending, live *Held) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, h := range s.held[key] {
+		switch {
+		case h.ending():
+			if ending == nil {
+				ending = h
+			}
+		case live == nil:
+			live = h
+		}
+	}
+	return ending, live
+}
+
+// liveHold returns s's live hold of key, or nil if it has none. A hold
+// that has ended or is ending (its last hold left, or its Done closed) is
+// not one: liveHold waits until it is unlisted, by then with its release
+// registered, which the caller then waits for (Attempts.AwaitRelease), so
+// that an acquire of the key takes it anew rather than re-enter a grant
+// on its way out or be told the key is held. lost is true when the
+// session was lost meanwhile.
+func (s *Session) liveHold(ctx context.Context, key string) (live *Held, lost bool, err error) {
+	for {
+		ending, live := s.listedHold(key)
+		if ending == nil {
+			return live, false, nil
+		}
+		if f := s.c.hooks.settling; f != nil {
+			f(key)
+		}
+		select {
+		case <-ending.unlisted:
+		case <-s.lost:
+			return nil, true, nil
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
+}
+
+// dropHeld forgets h as held, if it is listed. s.mu is held.
 func (s *Session) dropHeld(h *Held) {
-	hs := slices.DeleteFunc(s.held[h.key], func(o *Held) bool { return o == h })
-	if len(hs) == 0 {
+	i := slices.Index(s.held[h.key], h)
+	if i < 0 {
+		return // the session was lost, which unlisted it
+	}
+	if hs := slices.Delete(s.held[h.key], i, i+1); len(hs) == 0 {
 		delete(s.held, h.key)
 	} else {
 		s.held[h.key] = hs
 	}
+	close(h.unlisted)
 }
 
 // Spec is what an acquire asks of its key (lockfsm.Command's Kind,
@@ -122,19 +177,30 @@ type Spec struct {
 func (h *Held) Spec() Spec { return h.spec }
 
 // Reenter counts one more hold of h by its reentrant Owner, and reports
-// false when h has ended (the caller then acquires anew).
+// false when h has ended or is ending (see ending): the caller then waits
+// for its release and acquires anew.
 func (h *Held) Reenter() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.err != nil {
+	if h.holds == 0 || h.err != nil {
 		return false
 	}
 	h.holds++
 	return true
 }
 
+// ending reports whether h has ended or is on its way out: its last hold
+// was left (Leave), so its holder is releasing it, or its Done closed.
+// Either way its release follows, and nothing may re-enter it.
+func (h *Held) ending() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.holds == 0 || h.err != nil
+}
+
 // Leave gives up one hold of a reentrant grant and reports whether it
-// was the last, which the caller then releases.
+// was the last, which the caller then releases: from then on the grant
+// is ending, and a re-lock waits for the release and takes the key anew.
 func (h *Held) Leave() (last bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -274,16 +340,22 @@ type outcome struct {
 
 // releaseInBackground commits the release of h, bounded by the session
 // TTL, and sends its outcome on the returned channel (buffered: nobody
-// needs to read it). An acquire of the same key on this peer waits for it.
-// A release that does not commit loses the session: its keepalives would
-// otherwise keep the key held for as long as this peer lives.
+// needs to read it). An acquire of the same key through the same session
+// waits for it: the release is registered before the hold is unlisted,
+// under the session's lock, so an acquire that no longer finds the hold
+// finds the release. A release that does not commit loses the session:
+// its keepalives would otherwise keep the key held for as long as this
+// peer lives.
 func (h *Held) releaseInBackground() <-chan outcome {
 	s := h.s
 	out := make(chan outcome, 1)
 	s.mu.Lock()
+	done := s.attempts.StartRelease(h.key)
 	s.dropHeld(h)
 	s.mu.Unlock()
-	done := s.attempts.StartRelease(h.key)
+	if f := s.c.hooks.unlisted; f != nil {
+		f(h)
+	}
 	s.c.cfg.Go(func(bg context.Context) {
 		defer s.attempts.EndRelease(h.key, done)
 		ctx, cancel := context.WithTimeout(bg, s.owner.ttl)
@@ -321,21 +393,26 @@ func (s *Session) release(ctx context.Context, target uint64) (lockfsm.Result, e
 }
 
 // Acquire takes key, which lives in shard, for the Owner as spec asks:
-// in its replicated session there (opened if needed), after this peer's
-// own release of key, if one is in flight, has committed. With wait it
-// queues behind the key's holders and waiters (FIFO) until granted or
-// ctx ends; without, a key it cannot take now fails at once with a
-// *lockerr.LockedError. A key the Owner holds already fails at once with
-// lockerr.AlreadyHeld, unless the Owner is a shared default one (its other
-// holder is another caller), the key is a semaphore's (each take of
-// permits is a grant of its own), or the Owner is reentrant and the hold
-// is of the same kind (then the same grant is returned, with one more
-// hold).
+// in its replicated session there (opened if needed), after the
+// session's own releases of key in flight, and its withdrawals of
+// abandoned attempts on key, have committed. With wait it queues behind
+// the key's holders and waiters (FIFO) until granted or ctx ends;
+// without, a key it cannot take now fails at once with a
+// *lockerr.LockedError.
+//
+// A key the Owner holds already fails at once with lockerr.AlreadyHeld,
+// unless the Owner is a shared default one (its other holder is another
+// caller), the key is a semaphore's (each take of permits is a grant of
+// its own), or the Owner is reentrant and the hold is of the same kind
+// (then the same grant is returned, with one more hold). A hold that has
+// ended or is ending (its last hold left, its maximum hold reached) is no
+// longer held: Acquire waits for its release and takes the key anew.
 //
 // retry is true, with a nil lock and error, when the Owner's session was
 // lost on the way: the caller starts over in a live Owner, or reports the
 // Owner's error. When ctx ends first, the attempt leaves the queue (a
-// grant that raced it is released) and ctx's error is returned.
+// grant that raced it is released) and a *WaitError wrapping ctx's error
+// is returned.
 func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool, spec Spec) (h *Held, retry bool, err error) {
 	s, err := o.Session(ctx, shard)
 	if err != nil {
@@ -344,17 +421,33 @@ func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool
 		}
 		return nil, false, fmt.Errorf("lock %q: %w", key, err)
 	}
-	// A semaphore's permits may be taken several times over by one
-	// Owner, each take its own grant, as its goroutines would.
-	if held := s.heldOf(key); held != nil && !o.shared && spec.Kind != lockfsm.KindSemaphore {
-		if o.reentrant && held.spec.Kind == spec.Kind && spec.Kind != lockfsm.KindSemaphore && held.Reenter() {
+	for {
+		held, lost, err := s.liveHold(ctx, key)
+		if lost {
+			return nil, true, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("lock %q: wait for this session's hold to be given up: %w", key, err)
+		}
+		// A semaphore's permits may be taken several times over by one
+		// Owner, each take its own grant, as its goroutines would.
+		if held == nil || o.shared || spec.Kind == lockfsm.KindSemaphore {
+			break
+		}
+		if !o.reentrant {
+			// It would queue behind itself until ctx ends.
+			return nil, false, fmt.Errorf("lock %q: %w: unlock it first, lock it through another Session, or make the Session reentrant (WithReentrant)", key, lockerr.AlreadyHeld)
+		}
+		if held.spec.Kind != spec.Kind {
+			return nil, false, fmt.Errorf("lock %q: %w as a %v lock; a reentrant Session re-enters only the kind it holds: unlock it first, or lock it through another Session", key, lockerr.AlreadyHeld, held.spec.Kind)
+		}
+		if held.Reenter() {
 			return held, false, nil
 		}
-		// It would queue behind itself until ctx ends.
-		return nil, false, fmt.Errorf("lock %q: %w: unlock it first, lock it through another Session, or make the Session reentrant (WithReentrant)", key, lockerr.AlreadyHeld)
+		// Its last hold was left since liveHold looked: wait it out.
 	}
 	if err := s.attempts.AwaitRelease(ctx, key, s.lost); err != nil {
-		return nil, false, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)
+		return nil, false, fmt.Errorf("lock %q: wait for this session's release: %w", key, err)
 	}
 	if s.isLost() {
 		return nil, true, nil
@@ -368,11 +461,11 @@ func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool
 
 // AcquireAll takes keys, which all live in shard, together for the
 // Owner: in one Raft entry, all or none (an all-or-nothing group; see
-// lockfsm.Command.Group), each as its spec asks. It fails as Acquire
-// does; a key the Owner holds already fails it at once with
-// lockerr.AlreadyHeld (a group is never reentrant). When ctx ends first,
-// the whole group leaves the queues, and a grant that raced it is
-// released.
+// lockfsm.Command.Group, or a plain acquire for a single key), each as
+// its spec asks. It fails as Acquire does, but is never reentrant: a key
+// the Owner holds already, as any kind, fails it at once with
+// lockerr.AlreadyHeld, before anything is sent. When ctx ends first, the
+// whole group leaves the queues, and a grant that raced it is released.
 func (o *Owner) AcquireAll(ctx context.Context, shard uint64, keys []string, specs []Spec, wait bool) (hs []*Held, retry bool, err error) {
 	s, err := o.Session(ctx, shard)
 	if err != nil {
@@ -382,11 +475,20 @@ func (o *Owner) AcquireAll(ctx context.Context, shard uint64, keys []string, spe
 		return nil, false, fmt.Errorf("lock %q: %w", keys[0], err)
 	}
 	for _, key := range keys {
-		if s.heldOf(key) != nil && !o.shared {
-			return nil, false, fmt.Errorf("lock %q: %w: unlock it first, or lock through another Session", key, lockerr.AlreadyHeld)
+		held, lost, err := s.liveHold(ctx, key)
+		if lost {
+			return nil, true, nil
 		}
+		if err != nil {
+			return nil, false, fmt.Errorf("lock %q: wait for this session's hold to be given up: %w", key, err)
+		}
+		if held != nil && !o.shared {
+			return nil, false, fmt.Errorf("lock %q: %w: unlock it first, or lock through another Session (LockAll never re-enters a key)", key, lockerr.AlreadyHeld)
+		}
+	}
+	for _, key := range keys {
 		if err := s.attempts.AwaitRelease(ctx, key, s.lost); err != nil {
-			return nil, false, fmt.Errorf("lock %q: wait for this node's release: %w", key, err)
+			return nil, false, fmt.Errorf("lock %q: wait for this session's release: %w", key, err)
 		}
 	}
 	if s.isLost() {
@@ -442,11 +544,11 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 		results, err = c.cfg.ApplyGroup(ctx, s.shard, cmds)
 	}
 	if err != nil {
-		abandoned = s.abandon(first, n)
+		abandoned = s.abandon(keys, first)
 		return nil, false, fmt.Errorf("lock %q: %w", keys[0], err)
 	}
 	if len(results) != n {
-		abandoned = s.abandon(first, n)
+		abandoned = s.abandon(keys, first)
 		return nil, false, fmt.Errorf("lock %q: %d results for %d acquires", keys[0], len(results), n)
 	}
 	tokens := make([]uint64, n)
@@ -460,6 +562,15 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 		case lockfsm.StatusNoSession:
 			s.Lose(lose(LossExpired, fmt.Errorf("%w: shard %d no longer knows session %d", lockerr.LeaseExpired, s.shard, s.id)))
 			return nil, true, nil
+		case lockfsm.StatusLocked:
+			// A refused group answers each of its keys Locked, the
+			// free ones too: name a key somebody holds.
+			for j := i; j < n; j++ {
+				if results[j].Status == lockfsm.StatusLocked && len(results[j].Holders) > 0 {
+					return nil, false, refusal(keys[j], results[j])
+				}
+			}
+			return nil, false, refusal(keys[i], res)
 		default:
 			return nil, false, refusal(keys[i], res)
 		}
@@ -497,8 +608,9 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 		case <-s.lost:
 			return nil, true, nil
 		case <-ctx.Done():
-			abandoned = s.abandon(first, n)
-			return nil, false, fmt.Errorf("lock %q: %w", keys[0], ctx.Err())
+			err := s.waitError(ctx, keys, first)
+			abandoned = s.abandon(keys, first)
+			return nil, false, err
 		case <-c.cfg.Stop:
 			return nil, false, lockerr.Closed
 		}
@@ -551,32 +663,43 @@ func refusal(key string, res lockfsm.Result) error {
 	return fmt.Errorf("lock %q: %s", key, Describe(res))
 }
 
-// abandon withdraws the acquire attempts first to first+n-1 (one attempt,
-// or a group) whose caller gave up. Cancel
-// dequeues it, or releases it if it was granted meanwhile, so an abandoned
-// grant never leaks. It runs in the background, bounded by the session TTL,
-// and reports whether it took over finishing req.
+// abandon withdraws the acquire attempts on keys from first on (one
+// attempt, or a group) whose caller gave up. Cancel dequeues each, or
+// releases it if it was granted meanwhile, so an abandoned grant never
+// leaks. It runs in the background, bounded by the session TTL, and
+// reports whether it took over finishing the attempts.
+//
+// The withdrawal is registered with the keys' releases before abandon
+// returns: a new acquire of any of the keys through this session waits
+// for it to commit, as for a release. Sent at once, it would find the
+// abandoned attempt still queued or granted, queue behind its own
+// session, and, checked for deadlocks, be refused as waiting for itself.
 //
 // A cancel that does not commit in time loses the whole session, as a
 // release that does not commit does: the session's keepalives would
 // otherwise keep the abandoned request queued, or granted to nobody, for
 // as long as this peer lives, and the key with it (seen under delay-drop).
 // Losing the session closes it on the cluster, which ends the request.
-func (s *Session) abandon(first uint64, n int) bool {
+func (s *Session) abandon(keys []string, first uint64) bool {
 	if s.c.stopped() {
 		return false
 	}
+	withdrawals := make([]chan struct{}, len(keys))
+	for i, key := range keys {
+		withdrawals[i] = s.attempts.StartRelease(key)
+	}
 	s.c.cfg.Go(func(bg context.Context) {
 		defer func() {
-			for i := range n {
+			for i, key := range keys {
 				s.attempts.Finish(first + uint64(i))
+				s.attempts.EndRelease(key, withdrawals[i])
 			}
 		}()
 		ctx, cancel := context.WithTimeout(bg, s.owner.ttl)
 		defer cancel()
 		// One cancel withdraws a whole waiting group; each releases its
 		// own attempt if the group was granted meanwhile.
-		for i := range n {
+		for i := range keys {
 			_, err := s.c.cfg.Apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpCancel, Session: s.id, Target: first + uint64(i)})
 			if err != nil && !s.c.stopped() {
 				s.Lose(lose(LossUnsettled, fmt.Errorf("%w: withdrawal of an abandoned lock attempt on shard %d did not commit: %v", lockerr.LeaseExpired, s.shard, err)))
@@ -585,4 +708,77 @@ func (s *Session) abandon(first uint64, n int) bool {
 		}
 	})
 	return true
+}
+
+// WaitError is a waiting acquire that gave up because its ctx ended
+// before the grant: it wraps ctx's error (it was not refused) and says
+// what it waited behind, as one read of the key's state, bounded on its
+// own, found it when the wait ended. node exports its own form.
+type WaitError struct {
+	Key string
+	// Known is false when the key's state could not be read in time:
+	// Holders and Ahead are then empty.
+	Known bool
+	// Holders held the key, in grant order; Ahead is how many waiters
+	// were before this one in its queue.
+	Holders []lockfsm.Holder
+	Ahead   int
+	Err     error // ctx's
+}
+
+func (e *WaitError) Error() string {
+	if !e.Known {
+		return fmt.Sprintf("lock %q: gave up waiting: %v", e.Key, e.Err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "lock %q: gave up waiting: %v; ", e.Key, e.Err)
+	if len(e.Holders) == 0 {
+		b.WriteString("no holders")
+	} else {
+		b.WriteString("held by ")
+		for i, h := range e.Holders {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s (token %d)", h.Owner, h.Token)
+		}
+	}
+	fmt.Fprintf(&b, ", %d waiting ahead", e.Ahead)
+	return b.String()
+}
+
+// Unwrap returns ctx's error.
+func (e *WaitError) Unwrap() error { return e.Err }
+
+// waitError is the error of the wait of the attempts on keys from first
+// on (one, or a group) whose ctx ended: a *WaitError with what a read of
+// the keys' state finds, bounded by a quarter of the TTL and at most a
+// second of its own (ctx is over). For a group it names the first key
+// where somebody held it or waited ahead, or the first key if there is
+// none (the group was granted or withdrawn meanwhile). A read that fails
+// leaves the details out.
+func (s *Session) waitError(ctx context.Context, keys []string, first uint64) error {
+	unknown := &WaitError{Key: keys[0], Err: ctx.Err()}
+	if s.c.cfg.ReadKey == nil {
+		return unknown
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.owner.ttl/4, time.Second))
+	defer cancel()
+	var firstRead *WaitError
+	for i, key := range keys {
+		info, _, err := s.c.cfg.ReadKey(rctx, s.shard, key)
+		if err != nil {
+			return unknown
+		}
+		req := first + uint64(i)
+		ahead := max(slices.IndexFunc(info.Waiters, func(w lockfsm.Holder) bool { return w.Session == s.id && w.Req == req }), 0)
+		werr := &WaitError{Key: key, Known: true, Holders: info.Holders, Ahead: ahead, Err: ctx.Err()}
+		if len(info.Holders) > 0 || ahead > 0 {
+			return werr
+		}
+		if firstRead == nil {
+			firstRead = werr
+		}
+	}
+	return firstRead
 }

@@ -139,6 +139,28 @@ func (o *Owner) Session(ctx context.Context, shard uint64) (*Session, error) {
 	}
 }
 
+// Holds reports whether the Owner holds key, which lives in shard, as a
+// hold that is not ending (see Session.liveHold). It opens nothing: on a
+// shard where the Owner has no session yet, it holds nothing.
+func (o *Owner) Holds(shard uint64, key string) bool {
+	o.mu.Lock()
+	sl := o.shards[shard]
+	o.mu.Unlock()
+	if sl == nil {
+		return false
+	}
+	select {
+	case <-sl.done:
+	default:
+		return false // still opening: nothing is held through it yet
+	}
+	if sl.s == nil {
+		return false
+	}
+	_, live := sl.s.listedHold(key)
+	return live != nil
+}
+
 // openedLocked returns the replicated sessions whose open has finished.
 // o.mu must be held.
 func (o *Owner) openedLocked() []*Session {
@@ -264,6 +286,7 @@ func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session
 		held: map[string][]*Held{}, lost: make(chan struct{}),
 		lease: NewLease(owner.ttl, Margin(owner.ttl, c.cfg.LeaseMargin), sent),
 	}
+	s.attempts.waiting = c.hooks.settling
 	s.mu.Lock()
 	s.armLocked()
 	s.mu.Unlock()
@@ -393,6 +416,7 @@ func (s *Session) loseLocally(err error) bool {
 	locks := 0
 	for _, hs := range held {
 		for _, h := range hs {
+			close(h.unlisted)
 			h.claim(err)
 		}
 		locks += len(hs)
