@@ -190,7 +190,7 @@ func newClient(n *Node) *client.Client {
 		SessionTTL:   n.cfg.SessionTTL,
 		LeaseMargin:  n.cfg.LeaseMargin,
 		CloseTimeout: 20 * n.cfg.RTT,
-		Clock:        leaseClock{n.cfg.clock},
+		Clock:        leaseClock{holderClock(n.cfg.clock)},
 		// Rounds on Go's clock, as before the split: a jump of the lease
 		// clock moves deadlines, not the keepalives that keep them.
 		RoundClock:  client.SystemClock{},
@@ -217,8 +217,11 @@ func newClient(n *Node) *client.Client {
 // router delivers each keepalive to its shard's leader.
 func (n *Node) keepAliveLoop() { n.client.RunKeepAlives(n.ctx) }
 
-// leaseClock is Config.clock with Go's timers: a deadline timer waits, in
-// real time, what the lease clock says is left, and re-checks on firing.
+// leaseClock is the holder's clock with Go's timers: a deadline timer
+// waits what the lease clock says is left, and re-checks on firing. Go's
+// timers stop while the machine is suspended, so after a resume they fire
+// late; Held.Done and Err compare the deadline with the clock on every
+// call, and see at once a deadline that passed during the suspension.
 type leaseClock struct{ clock }
 
 func (leaseClock) AfterFunc(d time.Duration, f func()) client.Timer { return time.AfterFunc(d, f) }

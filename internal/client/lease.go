@@ -9,11 +9,12 @@ import "time"
 func Margin(ttl, leaseMargin time.Duration) time.Duration { return max(leaseMargin, ttl/10) }
 
 // Lease is the holder's view of one replicated session's lease: valid
-// until a deadline on the holder's monotonic clock, the send time of the
-// last acknowledged keepalive plus the TTL minus the margin. The leader
-// expires the session only after a full TTL without keepalives, counted
-// from when it received them, which is never earlier than when they were
-// sent; so the holder always gives up first (docs/SAFETY.md).
+// until a deadline on the holder's clock (Config.Clock, which never runs
+// slow: it counts the time the machine spent suspended), the send time of
+// the last acknowledged keepalive plus the TTL minus the margin. The
+// leader expires the session only after a full TTL without keepalives,
+// counted from when it received them, which is never earlier than when
+// they were sent; so the holder always gives up first (docs/SAFETY.md).
 //
 // A Lease is a value with no clock of its own: the caller passes the
 // times, and serializes calls.
