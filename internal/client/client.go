@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -89,6 +90,12 @@ type Config struct {
 	// replicated state, linearizably; found is false when the shard no
 	// longer knows the session.
 	ReadAttempt func(ctx context.Context, shard, session, req uint64) (found bool, attempt lockfsm.RequestInfo, err error)
+	// ReadKey, when not nil, reads key's holders and waiters from shard's
+	// replicated state, linearizably; found is false when nobody holds or
+	// waits for the key. A wait that gives up because its ctx ended reads
+	// its key once with it, so that its error says whom it waited behind
+	// (WaitError); nil leaves those details out.
+	ReadKey func(ctx context.Context, shard uint64, key string) (info lockfsm.KeyInfo, found bool, err error)
 	// KeepAlive delivers one keepalive for the sessions ids of this peer
 	// to shard's leader, and returns those the leader counts as expired.
 	KeepAlive func(ctx context.Context, shard uint64, ids []uint64) (expired []uint64, err error)
@@ -121,6 +128,7 @@ type Client struct {
 	cfg     Config
 	waiters *Waiters
 	kick    chan struct{} // a session opened: its TTL may be the shortest
+	hooks   testHooks
 
 	mu       sync.Mutex
 	owners   map[*Owner]struct{} // the live ones: keepalives and Close reach them here
@@ -141,6 +149,19 @@ func New(cfg Config) *Client {
 		cfg: cfg, waiters: NewWaiters(), kick: make(chan struct{}, 1),
 		owners: map[*Owner]struct{}{}, defaults: map[uint64]*Owner{},
 	}
+}
+
+// testHooks let this package's tests see, and hold up, the moments that
+// races between one session's goroutines turn on; all nil outside tests.
+// A test sets them before the Client's first Owner.
+type testHooks struct {
+	// settling is called when an acquire of key is about to wait for its
+	// session's own release or withdrawal of key to commit, or for an
+	// ending hold of key to be given up.
+	settling func(key string)
+	// unlisted is called by a release as soon as its hold is no longer
+	// listed as held, before the release is proposed.
+	unlisted func(h *Held)
 }
 
 // Waiters returns the registry that grants for this peer's queued
@@ -275,19 +296,25 @@ func (c *Client) Close(ctx context.Context) {
 
 // Attempts is the request table of one replicated session: the request
 // ids it hands out (increasing from 1), which of them still wait for their
-// final answer, and the keys whose release has not committed yet. The
-// state machine may forget a finished attempt only once the client says
-// it has the answers to every request below Ack. Safe for concurrent use.
+// final answer, and the keys whose release, or whose withdrawal of an
+// abandoned attempt, has not committed yet. The state machine may forget
+// a finished attempt only once the client says it has the answers to
+// every request below Ack. Safe for concurrent use.
 type Attempts struct {
-	mu        sync.Mutex
-	next      uint64
-	pending   map[uint64]struct{}
-	releasing map[string]chan struct{}
+	mu      sync.Mutex
+	next    uint64
+	pending map[uint64]struct{}
+	// releasing lists, per key, the releases and withdrawals in flight:
+	// several at once when the session held the key several times over
+	// (a semaphore's takes), or released it and withdrew another attempt.
+	releasing map[string][]chan struct{}
+	// waiting is testHooks.settling of the session's Client.
+	waiting func(key string)
 }
 
 // NewAttempts returns an empty table whose first request id is 1.
 func NewAttempts() *Attempts {
-	return &Attempts{next: 1, pending: map[uint64]struct{}{}, releasing: map[string]chan struct{}{}}
+	return &Attempts{next: 1, pending: map[uint64]struct{}{}, releasing: map[string][]chan struct{}{}}
 }
 
 // Begin allocates the next request id; it is pending until Finish.
@@ -332,44 +359,54 @@ func (t *Attempts) Ack() uint64 {
 	return a
 }
 
-// StartRelease records that key is being released, until EndRelease with
-// the returned channel; a later StartRelease of the key takes over.
+// StartRelease records that a release of key, or the withdrawal of an
+// abandoned attempt on it, is in flight until EndRelease with the
+// returned channel. Each is waited for on its own: one ending does not
+// end another of the same key.
 func (t *Attempts) StartRelease(key string) chan struct{} {
 	done := make(chan struct{})
 	t.mu.Lock()
-	t.releasing[key] = done
+	t.releasing[key] = append(t.releasing[key], done)
 	t.mu.Unlock()
 	return done
 }
 
-// EndRelease records that the release StartRelease returned done for has
-// its answer, and wakes those waiting for it.
+// EndRelease records that the release or withdrawal StartRelease
+// returned done for has its answer, and wakes those waiting for it.
 func (t *Attempts) EndRelease(key string, done chan struct{}) {
 	t.mu.Lock()
-	if t.releasing[key] == done {
+	if rs := slices.DeleteFunc(t.releasing[key], func(c chan struct{}) bool { return c == done }); len(rs) == 0 {
 		delete(t.releasing, key)
+	} else {
+		t.releasing[key] = rs
 	}
 	t.mu.Unlock()
 	close(done)
 }
 
-// AwaitRelease waits until no release of key is in flight, or until
-// abort closes (then it returns nil: the caller starts over) or ctx ends.
+// AwaitRelease waits until every release and withdrawal of key in flight
+// when it was called has its answer, or until abort closes (then it
+// returns nil: the caller starts over) or ctx ends.
 func (t *Attempts) AwaitRelease(ctx context.Context, key string, abort <-chan struct{}) error {
 	t.mu.Lock()
-	done, ok := t.releasing[key]
+	inFlight := slices.Clone(t.releasing[key])
 	t.mu.Unlock()
-	if !ok {
+	if len(inFlight) == 0 {
 		return nil
 	}
-	select {
-	case <-done:
-		return nil
-	case <-abort:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	if t.waiting != nil {
+		t.waiting(key)
 	}
+	for _, done := range inFlight {
+		select {
+		case <-done:
+		case <-abort:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // WaiterKey names one queued lock attempt.
