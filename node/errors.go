@@ -23,11 +23,14 @@ var (
 	// ErrSessionClosed is returned by Lock.Err for a lock whose Session was
 	// closed, and by calls on a closed Session.
 	ErrSessionClosed = lockerr.SessionClosed
-	// ErrAlreadyHeld is returned at once by Session.Lock and Session.TryLock
-	// for a key the Session holds: locks are not reentrant, and the call
-	// would otherwise queue behind its own session until ctx ended.
-	// (Node.Lock's default session is shared by every caller of the node,
-	// so there a second Lock of a held key waits for the first holder.)
+	// ErrAlreadyHeld is returned at once by a Session's Lock, TryLock,
+	// RWMutex locks and LockAll for a key the Session holds: the call
+	// would otherwise queue behind its own session until ctx ended. A
+	// reentrant Session re-enters a key it locks as the kind it holds it
+	// (WithReentrant), never in LockAll; a semaphore's permits may be
+	// taken several times over. (Node.Lock's default session is shared by
+	// every caller of the node, so there a second Lock of a held key waits
+	// for the first holder.)
 	ErrAlreadyHeld = lockerr.AlreadyHeld
 	// ErrClosed is returned by calls made after Close, and by Lock.Err for
 	// a lock held when its node closed.

@@ -68,11 +68,58 @@ func (e *LockedError) Error() string {
 // Unwrap returns ErrLocked.
 func (e *LockedError) Unwrap() error { return ErrLocked }
 
-// publicErr turns the client's LockedError into node's.
+// WaitError is what a waiting lock call (Lock, RLock, RWMutex.Lock,
+// Semaphore.Acquire, LockAll) returns when its ctx ends before the grant:
+// it wraps ctx's error, so errors.Is(err, context.DeadlineExceeded) or
+// context.Canceled holds, and, since the key was not refused,
+// errors.Is(err, ErrLocked) does not. errors.As gives what the wait was
+// behind, as one linearizable read made when ctx ended found it (bounded
+// on its own by a quarter of the session TTL, at most a second, before
+// the wait is withdrawn): the key, its holders and how many waiters were
+// ahead. For a LockAll it names the first key of the shard it waited on
+// that somebody held or waited for. Known is false, and the details
+// empty, when that read did not answer in time.
+type WaitError struct {
+	Key string
+	// Known is true when the key's state was read.
+	Known bool
+	// Holders held the key, in grant order, as for LockedError.
+	Holders []Holder
+	// Ahead is how many waiters were before this one in the key's queue.
+	Ahead int
+	// Err is ctx's error.
+	Err error
+}
+
+func (e *WaitError) Error() string {
+	if !e.Known {
+		return fmt.Sprintf("lock %q: gave up waiting: %v", e.Key, e.Err)
+	}
+	s := fmt.Sprintf("lock %q: gave up waiting: %v; ", e.Key, e.Err)
+	if len(e.Holders) == 0 {
+		s += "no holders"
+	} else {
+		s += "held by"
+		for i, h := range e.Holders {
+			if i > 0 {
+				s += ","
+			}
+			s += fmt.Sprintf(" %s (session %x, token %d)", h.Peer, h.Session, h.Token)
+		}
+	}
+	return s + fmt.Sprintf(", %d waiting ahead", e.Ahead)
+}
+
+// Unwrap returns ctx's error.
+func (e *WaitError) Unwrap() error { return e.Err }
+
+// publicErr turns the client's LockedError and WaitError into node's.
 func publicErr(err error) error {
-	var le *lockerr.LockedError
-	if errors.As(err, &le) {
+	if le, ok := errors.AsType[*lockerr.LockedError](err); ok {
 		return &LockedError{Key: le.Key, Holders: holders(le.Holders)}
+	}
+	if we, ok := errors.AsType[*client.WaitError](err); ok {
+		return &WaitError{Key: we.Key, Known: we.Known, Holders: holders(we.Holders), Ahead: we.Ahead, Err: we.Err}
 	}
 	return err
 }
@@ -191,6 +238,14 @@ func (m *RWMutex) lock(ctx context.Context, kind lockfsm.Kind, wait bool, opts [
 // FIFO order, a request waiting for more permits than are free holding
 // back smaller ones behind it, so a large request is never starved. Get
 // one with Session.Semaphore.
+//
+// A Session may take permits of one semaphore several times over,
+// reentrant or not (WithReentrant changes nothing here): each take is a
+// grant of its own, with its own token and Unlock, as goroutines sharing
+// the Session would take them (Curator's InterProcessSemaphoreV2 and
+// Redisson's RSemaphore do the same). A take that needs the Session's own
+// permits back can never be granted while the Session waits, and fails at
+// once with ErrDeadlock.
 type Semaphore struct {
 	s       *Session
 	key     string
@@ -209,7 +264,9 @@ func (s *Session) Semaphore(key string, permits int) *Semaphore {
 
 // Acquire blocks until n permits are granted to this session and returns
 // them as one held *Lock, whose Unlock or Release gives all n back. ctx
-// ends the wait as for Node.Lock.
+// ends the wait as for Node.Lock (a *WaitError). Permits the session
+// holds already do not count towards n: they stay held by their own
+// takes.
 func (m *Semaphore) Acquire(ctx context.Context, n int, opts ...LockOption) (*Lock, error) {
 	return m.acquire(ctx, n, true, opts)
 }
@@ -322,16 +379,20 @@ func (m *MultiLock) Release() error {
 // LockAll follows, so two LockAll calls never deadlock each other. If a
 // shard refuses, or ctx ends, or the session ends, what was taken is
 // released and nothing is left held or queued; the error says which key
-// failed.
+// failed (when ctx ended, a *WaitError for a key it waited for).
 //
-// Keys must be distinct, at most MaxLockAll of them; none may be held by
-// the session already (ErrAlreadyHeld).
+// Keys must be distinct, at most MaxLockAll of them. LockAll is never
+// reentrant: a key the session holds already, as any kind of lock and
+// whether or not the session is reentrant, fails it with ErrAlreadyHeld
+// before anything is sent.
 func (s *Session) LockAll(ctx context.Context, keys ...string) (*MultiLock, error) {
 	return s.lockAll(ctx, keys, true)
 }
 
 // TryLockAll takes every key if all of them are free now, and otherwise
-// takes none and fails with a *LockedError for a key it could not take.
+// takes none and fails with a *LockedError for a key it could not take:
+// of the shard that refused, the first key somebody held, with its
+// holders (or, if the cluster named none, the shard's first key).
 func (s *Session) TryLockAll(ctx context.Context, keys ...string) (*MultiLock, error) {
 	return s.lockAll(ctx, keys, false)
 }
@@ -378,10 +439,18 @@ func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool)
 	if err := n.familyLevel("LockAll"); err != nil {
 		return nil, err
 	}
+	// FlagDetail: a refused TryLockAll names who holds its key.
 	spec := client.Spec{Flags: lockfsm.FlagDetail | lockfsm.FlagDeadlock}
 	byShard := map[uint64][]string{}
 	for _, key := range keys {
-		byShard[p.ShardOf(key)] = append(byShard[p.ShardOf(key)], key)
+		shard := p.ShardOf(key)
+		// Never reentrant, on any shard: a key held already fails the
+		// whole LockAll before any shard is asked for anything.
+		// (AcquireAll checks again, for a key locked meanwhile.)
+		if s.o.Holds(shard, key) {
+			return nil, fmt.Errorf("lock all: lock %q: %w: unlock it first, or lock through another Session (LockAll never re-enters a key)", key, ErrAlreadyHeld)
+		}
+		byShard[shard] = append(byShard[shard], key)
 	}
 	shards := slices.Sorted(maps.Keys(byShard))
 	held := map[string]*Lock{}
@@ -399,17 +468,8 @@ func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool)
 		for i := range specs {
 			specs[i] = spec
 		}
-		var hs []*client.Held
-		var retry bool
-		if len(group) == 1 {
-			var h *client.Held
-			h, retry, err = s.o.Acquire(ctx, shard, group[0], wait, spec)
-			if h != nil {
-				hs = []*client.Held{h}
-			}
-		} else {
-			hs, retry, err = s.o.AcquireAll(ctx, shard, group, specs, wait)
-		}
+		// AcquireAll for one key too: Acquire would re-enter it.
+		hs, retry, err := s.o.AcquireAll(ctx, shard, group, specs, wait)
 		if retry {
 			if err = s.Err(); err == nil {
 				err = fmt.Errorf("%w: session lost", ErrLeaseExpired)

@@ -107,8 +107,12 @@ func (l *Lock) Permits() int { return int(max(l.h.Spec().Permits, 1)) }
 // release is committed in the background and hands the key to the next
 // waiter when it lands, about one Raft commit later; until then nobody
 // else can be granted the key, so mutual exclusion is exactly as with
-// Unlock. A Lock or TryLock of the same key on this node waits for the
-// release to commit first, so it is never refused by its own release.
+// Unlock. A Lock or TryLock of the same key through the same session (the
+// Session the lock was taken through; for Node.Lock's locks, the node's
+// default session of the key's shard) made once Release was called, from
+// any goroutine, waits for the release to commit first: it is never
+// refused by its own release, nor told the key is still held. Through
+// another Session the key is held until the release commits.
 //
 // A release that cannot commit within the session TTL (the shard has no
 // quorum) gives up the node's session on the shard: the cluster then frees
@@ -135,7 +139,10 @@ func (l *Lock) Release() error {
 // its request's state every TTL/4 (one small read per waiter, not a
 // retry of the lock: its place in the queue is kept). When ctx
 // ends first, the waiter leaves the queue (and a grant that raced the
-// cancellation is released), and ctx's error is returned.
+// cancellation is released), and a *WaitError is returned: it wraps
+// ctx's error and says whom the wait was behind. A Lock of the key
+// through the same session right after waits for that withdrawal to
+// commit, so it never queues behind its own abandoned attempt.
 //
 // A key may carry a hash tag: in "{order-42}/items" only "order-42", the
 // bytes between the first '{' and the first '}' after it, picks the shard,

@@ -24,6 +24,17 @@ import (
 // per shard with Config.SessionTTL, each replaced by a new one when lost,
 // so a loss on one shard does not end locks on another.
 //
+// A Session that locks a key it holds as a mutex, read or write lock
+// fails at once with ErrAlreadyHeld (it would otherwise wait for itself),
+// unless it is reentrant and locks the key as the kind it holds it (see
+// WithReentrant). A semaphore's permits it may take several times over,
+// each take a grant of its own (see Semaphore); LockAll never re-enters a
+// key. A lock the Session is giving up (Unlock or Release called, its
+// maximum hold reached) is no longer held: locking its key again waits
+// for the release to commit and takes the key anew, with a new token; so
+// does locking a key right after a wait for it gave up (its withdrawal
+// commits first).
+//
 // A Session is safe for concurrent use.
 type Session struct {
 	n *Node
@@ -38,14 +49,20 @@ type sessionOptions struct {
 	reentrant bool
 }
 
-// WithReentrant lets the session lock a key it holds again, as a
-// mutex, or as a writer (Session.Lock, RWMutex.Lock), or as a reader
-// (RWMutex.RLock): it gets the same grant, with the same fencing token,
-// and one more hold; the key is released when every hold is unlocked.
-// Each *Lock returned is one hold, and unlocking one twice fails with
-// ErrNotHeld, so a hold cannot be given up twice by mistake. Re-locking
-// as another kind (a reader taking the write lock) still fails with
-// ErrAlreadyHeld, as do semaphores and LockAll.
+// WithReentrant lets the session lock a key it holds again as the kind
+// it holds it: a mutex (Session.Lock), a write lock (RWMutex.Lock) or a
+// read lock (RWMutex.RLock). It gets the same grant, with the same
+// fencing token, and one more hold; the key is released when every hold
+// is unlocked. Each *Lock returned is one hold, and unlocking one twice
+// fails with ErrNotHeld, so a hold cannot be given up twice by mistake.
+// Re-locking as another kind, a read lock held and the write lock asked
+// (an upgrade) or the reverse, still fails with ErrAlreadyHeld. Once the
+// last hold is unlocked the grant is over: a re-lock in that moment (from
+// another goroutine) does not re-enter it, but waits for its release and
+// takes the key anew, with a new token. It changes nothing for
+// semaphores, whose permits any Session may take several times over, each
+// take a grant of its own (see Semaphore), nor for LockAll, which never
+// re-enters a key: a key the session holds fails it with ErrAlreadyHeld.
 //
 // It is off by default, as in etcd's concurrency package: a critical
 // section entered again usually hides a bug (the inner one breaks the
@@ -124,7 +141,7 @@ func (s *Session) Err() error { return s.o.Err() }
 // session is reentrant, see WithReentrant). From feature level 3 a wait
 // that would close a cycle of Sessions each waiting for a key the next
 // holds fails at once with ErrDeadlock (see LockAll and docs/LOCKS.md for
-// its scope).
+// its scope), and a wait whose ctx ends returns a *WaitError.
 func (s *Session) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	return s.acquire(ctx, key, true, client.Spec{}, opts)
 }
@@ -198,6 +215,7 @@ func newClient(n *Node) *client.Client {
 		Apply:       n.clientApply,
 		ApplyGroup:  n.clientApplyGroup,
 		ReadAttempt: n.readAttempt,
+		ReadKey:     n.readKey,
 		// The router is made later, in open; keepalives start after it.
 		KeepAlive: func(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {
 			start := time.Now()
@@ -265,6 +283,13 @@ func grantQueued(res lockfsm.Result) lockfsm.Result {
 func (n *Node) readAttempt(ctx context.Context, shard, session, req uint64) (bool, lockfsm.RequestInfo, error) {
 	a, err := n.read(ctx, shard, replica.Query{Kind: replica.QueryRequest, Session: session, Req: req})
 	return a.SessionFound, a.Request, err
+}
+
+// readKey reads a key's holders and waiters from the replicated state,
+// for a wait that gave up (WaitError).
+func (n *Node) readKey(ctx context.Context, shard uint64, key string) (lockfsm.KeyInfo, bool, error) {
+	a, err := n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey, Key: key})
+	return a.Key, a.KeyFound, err
 }
 
 // defaultSession returns the node's live default session for shard,
