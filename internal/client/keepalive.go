@@ -68,9 +68,17 @@ func (c *Client) kickKeepAlives() {
 // round sends one keepalive per shard for ss, the shards' calls
 // concurrently, and returns when every call has been answered or has
 // failed (each is bounded by interval).
+//
+// It first checks every session's deadline: a deadline timer is a Go
+// timer, which after the machine was suspended fires late, while the
+// lease clock (which counts suspended time) already says the lease is
+// over. So a holder blocked on Done learns of it within a round of waking.
 func (c *Client) round(ctx context.Context, ss []*Session, interval time.Duration) {
 	byShard := map[uint64][]*Session{}
 	for _, s := range ss {
+		if s.CheckDeadline(); s.isLost() {
+			continue
+		}
 		byShard[s.shard] = append(byShard[s.shard], s)
 	}
 	var wg sync.WaitGroup

@@ -170,3 +170,29 @@ func TestAckAcrossASuspensionDoesNotRevive(t *testing.T) {
 		t.Fatalf("after an ack across the suspension: done %v, Err %v; want the lease lost", doneNow(h), h.Err())
 	}
 }
+
+// A holder already blocked on Done when the machine was suspended is
+// woken by the first keepalive round after the resume: its deadline timer,
+// a Go timer, would fire only when the rest of the lease has passed in
+// Go's terms, which did not count the suspension.
+func TestResumeWakesABlockedHolderAtTheNextRound(t *testing.T) {
+	rc := newResumeClient(t, time.Minute)
+	o, _ := rc.NewOwner(time.Minute)
+	h := rc.hold(t, o, "k", Spec{})
+	done := h.Done() // the channel a blocked holder waits on
+	rc.clock.Suspend(time.Minute)
+	select {
+	case <-done:
+		t.Fatal("test broken: Done closed before any check")
+	default:
+	}
+	rc.round(rc.ctx, rc.live(), time.Second)
+	select {
+	case <-done:
+	default:
+		t.Fatal("a keepalive round after the resume left the blocked holder's Done open")
+	}
+	if err := o.Err(); !errors.Is(err, lockerr.LeaseExpired) {
+		t.Fatalf("Owner error %v, want the lease lost", err)
+	}
+}
