@@ -73,6 +73,9 @@ type Node struct {
 	// default session of each shard (Node.Lock), their leases, the
 	// keepalive loop and the waiters grants are handed to.
 	client *client.Client
+	// deadlockChecks counts the cross-shard deadlock checks that read the
+	// shards' wait graphs (deadlock.go).
+	deadlockChecks atomic.Int64
 
 	// leading is the leader side of sessions on the shards this peer
 	// leads: keepalives served, terms recorded, lapsed sessions expired,
@@ -132,6 +135,7 @@ func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
 	}
 	n.goFunc(func() { n.membership.RunBootstrap(n.ctx, n.ready) })
 	n.goFunc(n.keepAliveLoop)
+	n.goFunc(n.deadlockLoop)
 	n.goFunc(func() { n.leading.Run(n.ctx) })
 	n.ctrl = n.newController()
 	n.goFunc(func() { n.ctrl.Run(n.ctx) })

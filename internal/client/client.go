@@ -127,6 +127,7 @@ type Config struct {
 type Client struct {
 	cfg     Config
 	waiters *Waiters
+	waits   Waits         // the flagged ones, for the cross-shard deadlock check
 	kick    chan struct{} // a session opened: its TTL may be the shortest
 	hooks   testHooks
 
@@ -135,6 +136,11 @@ type Client struct {
 	defaults map[uint64]*Owner   // the default Owner of each shard
 	closed   bool                // set by Close: no new Owner
 }
+
+// Waits returns this peer's queued attempts that wait with
+// lockfsm.FlagDeadlock, for the cross-shard deadlock check to read and
+// refuse.
+func (c *Client) Waits() *Waits { return &c.waits }
 
 // New returns a Client with no sessions. It starts nothing: node runs
 // RunKeepAlives.

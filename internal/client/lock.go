@@ -581,6 +581,18 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 	if c.cfg.OnQueued != nil {
 		c.cfg.OnQueued(ctx)
 	}
+	// A flagged wait may be refused by the cross-shard deadlock check
+	// (Client.Waits): it then leaves the queue as one whose ctx ended.
+	var refused <-chan error
+	if specs[0].Flags&lockfsm.FlagDeadlock != 0 {
+		ws := make([]WaiterKey, n)
+		for i := range ws {
+			ws[i] = WaiterKey{Shard: s.shard, Session: s.id, Req: first + uint64(i)}
+		}
+		var unwatch func()
+		refused, unwatch = c.waits.add(ws, keys, time.Now())
+		defer unwatch()
+	}
 
 	// Queued: wait for the grant (of every attempt of a group: they come
 	// in one entry). A token comes from this peer's own replica; a
@@ -609,6 +621,9 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 			return nil, true, nil
 		case <-ctx.Done():
 			err := s.waitError(ctx, keys, first)
+			abandoned = s.abandon(keys, first)
+			return nil, false, err
+		case err := <-refused:
 			abandoned = s.abandon(keys, first)
 			return nil, false, err
 		case <-c.cfg.Stop:
