@@ -188,6 +188,9 @@ var broken struct {
 	// The deadlock check lets a new wait jump the queues it joins, so it
 	// misses a cycle through a waiter ahead of it (issue 31's first case).
 	deadlockIgnoresQueue bool
+	// The cross-shard play takes each shard's session for a thread of
+	// its own, not each Session label: it sees no cycle across shards.
+	crossShardBySession bool
 }
 
 // canGrant reports whether the attempt at can join k's holders now,

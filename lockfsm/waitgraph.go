@@ -120,7 +120,7 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 	labels := map[attemptID]uint64{} // shard sessions with no label, by their own id
 	sess := func(shard uint64, h Holder) *simSession {
 		id := h.Label
-		if id == 0 {
+		if id == 0 || broken.crossShardBySession {
 			k := attemptID{shard: shard, session: h.Session}
 			if labels[k] == 0 {
 				unlabelled++

@@ -146,9 +146,33 @@ func crossOracle(t *testing.T, p *shardPair, labels int) []string {
 // oracle leaves stuck, and exactly one victim per cycle it names; on one
 // shard it finds none, since the check refused every cycle there.
 func TestStuckWaitsAgreesWithTheOracle(t *testing.T) {
+	found, err := crossShardRuns(t, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found < 100 {
+		t.Fatalf("only %d stuck waits found in 200 workloads: the workloads do not reach cross-shard deadlocks", found)
+	}
+	t.Logf("%d stuck waits found, each as the oracle says", found)
+}
+
+// A play that takes each shard's session for a thread of its own misses
+// every cross-shard cycle, and the oracle catches it.
+func TestStuckWaitsBrokenVariantIsCaught(t *testing.T) {
+	broken.crossShardBySession = true
+	defer func() { broken.crossShardBySession = false }()
+	if _, err := crossShardRuns(t, 200); err == nil {
+		t.Fatal("200 random two-shard workloads missed the broken cross-shard play")
+	} else {
+		t.Logf("caught: %v", err)
+	}
+}
+
+// crossShardRuns plays seeds random two-shard workloads and returns the
+// stuck waits found, or the first disagreement with the oracle.
+func crossShardRuns(t *testing.T, seeds uint64) (found int, err error) {
 	const labels = 4
-	found := 0
-	for seed := uint64(1); seed <= 200; seed++ {
+	for seed := uint64(1); seed <= seeds; seed++ {
 		r := rand.New(rand.NewPCG(seed, 7))
 		p := newShardPair(t, labels)
 		next := map[uint64]uint64{}
@@ -181,11 +205,14 @@ func TestStuckWaitsAgreesWithTheOracle(t *testing.T) {
 					p.apply(t, shard, rel(l, held[r.IntN(len(held))]))
 				}
 			default:
+				var waiting []uint64
 				for req, at := range s.sessions[l].reqs {
 					if at.state == ReqWaiting {
-						p.apply(t, shard, cancel(l, req))
-						break
+						waiting = append(waiting, req)
 					}
+				}
+				if len(waiting) > 0 {
+					p.apply(t, shard, cancel(l, slices.Min(waiting)))
 				}
 			}
 			got := StuckWaits(p.waits(t))
@@ -199,7 +226,7 @@ func TestStuckWaitsAgreesWithTheOracle(t *testing.T) {
 			}
 			slices.Sort(names)
 			if want := crossOracle(t, p, labels); !reflect.DeepEqual(names, want) && (len(names) > 0 || len(want) > 0) {
-				t.Fatalf("seed %d step %d: StuckWaits %v, oracle %v", seed, step, names, want)
+				return found, fmt.Errorf("seed %d step %d: StuckWaits %v, oracle %v", seed, step, names, want)
 			}
 			// Refusing the victims, round after round, ends every
 			// deadlock; each round has a victim while anything is stuck.
@@ -224,7 +251,7 @@ func TestStuckWaitsAgreesWithTheOracle(t *testing.T) {
 						}
 					}
 					if refused == 0 || round > 20 {
-						t.Fatalf("seed %d step %d: round %d leaves %+v stuck with no victim", seed, step, round, left)
+						return found, fmt.Errorf("seed %d step %d: round %d leaves %+v stuck with no victim", seed, step, round, left)
 					}
 				}
 			}
@@ -232,13 +259,10 @@ func TestStuckWaitsAgreesWithTheOracle(t *testing.T) {
 			for i, s := range p.s {
 				keys, _ := s.WaitGraph(1 << 20)
 				if one := StuckWaits([]ShardWaits{{Shard: uint64(i + 1), Keys: keys}}); len(one) != 0 {
-					t.Fatalf("seed %d step %d: shard %d alone has stuck waits its check let queue: %+v", seed, step, i+1, one)
+					return found, fmt.Errorf("seed %d step %d: shard %d alone has stuck waits its check let queue: %+v", seed, step, i+1, one)
 				}
 			}
 		}
 	}
-	if found < 100 {
-		t.Fatalf("only %d stuck waits found in 200 workloads: the workloads do not reach cross-shard deadlocks", found)
-	}
-	t.Logf("%d stuck waits found, each as the oracle says", found)
+	return found, nil
 }
