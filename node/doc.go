@@ -24,7 +24,8 @@
 // keepalives in memory and expires a session after a TTL of silence, which
 // releases its locks and grants them to the next waiters. The holder's side
 // counts its lease from the send time of its last acknowledged keepalive,
-// minus LeaseMargin, on its monotonic clock; when that passes Lock.Done
+// minus LeaseMargin, on a clock that counts time the machine spends
+// suspended (internal/bootclock); when that passes Lock.Done
 // closes. Since the leader counts from when it received the keepalive, and
 // acknowledges it only after confirming its leadership with a ReadIndex
 // round, the holder always gives up before the cluster can grant the lock

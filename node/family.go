@@ -25,10 +25,12 @@ import (
 // where the usual libraries differ.
 
 var (
-	// ErrDeadlock means a Session's wait was refused because it would have
-	// closed a cycle of Sessions, each waiting for a key the next one
-	// holds, on one shard (keys with a common hash tag share a shard).
-	// The error names the cycle. The Session holds what it held before.
+	// ErrDeadlock means a Session's wait was refused because it could
+	// never have been granted: it closed a cycle of Sessions, each waiting
+	// for what the next one holds or is queued ahead for. Within one shard
+	// the wait is refused at once; across shards, within about a second of
+	// the cycle closing (docs/LOCKS.md). The error names the cycle by
+	// Session ID. The Session holds what it held before.
 	ErrDeadlock = lockerr.Deadlock
 	// ErrLimitMismatch means a semaphore was asked for with another permit
 	// count than the one its key is in use with; the error names both.

@@ -38,7 +38,7 @@ func (l *Lock) Token() uint64 { return l.h.Token() }
 
 // Done is closed when this holder can no longer rely on the lock: its lease
 // may have expired (keepalives unacknowledged for TTL minus the margin, on
-// the local monotonic clock), the cluster expired its session, the lock was
+// a local clock that counts suspended time), the cluster expired its session, the lock was
 // unlocked, or the node closed. Err says which.
 //
 // A timer closes Done when the lease runs out, but Done also compares the

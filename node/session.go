@@ -139,9 +139,10 @@ func (s *Session) Err() error { return s.o.Err() }
 // wrapping ErrLeaseExpired or ErrSessionClosed once the session has ended,
 // and at once with ErrAlreadyHeld for a key the session holds (unless the
 // session is reentrant, see WithReentrant). From feature level 3 a wait
-// that would close a cycle of Sessions each waiting for a key the next
-// holds fails at once with ErrDeadlock (see LockAll and docs/LOCKS.md for
-// its scope), and a wait whose ctx ends returns a *WaitError.
+// that would close a cycle of Sessions each waiting for what the next
+// holds fails with ErrDeadlock (at once within a shard, within about a
+// second across shards: docs/LOCKS.md), and a wait whose ctx ends returns
+// a *WaitError.
 func (s *Session) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	return s.acquire(ctx, key, true, client.Spec{}, opts)
 }

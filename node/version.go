@@ -33,7 +33,9 @@ import (
 //	         is every entry written below level 3, apply as before, so a
 //	         level-2 log replays as it was first applied. The peer that
 //	         writes an entry marks it, forwarded opens included; an entry
-//	         proposed over the Raft port must come marked (authz).
+//	         proposed over the Raft port must come marked (authz);
+//	         shards answer the cross-shard deadlock check's wait-graph
+//	         reads (replica.QueryWaits).
 //
 // A level's formats may still change until the release that introduces it
 // is cut (internal/release): level 3 is this release's, 0.2.0.

@@ -29,8 +29,9 @@
 //     session again, even if the ExpireSession proposal is slow to commit.
 //
 // The holder counts its lease from the time it sent the keepalive, minus a
-// margin, on its own monotonic clock; the leader counts from when it
-// received it. So the holder always gives up first, as long as clock rates
+// margin, on its own clock, which counts time the machine spends
+// suspended (internal/bootclock); the leader counts from when it received
+// it, on Go's monotonic clock. So the holder always gives up first, as long as clock rates
 // differ by less than the margin over one TTL.
 //
 // A Table makes the decisions and holds the state they need; it does no
