@@ -16,6 +16,7 @@ type Waits struct {
 }
 
 type flaggedWait struct {
+	owner  *Owner
 	key    string
 	since  time.Time
 	refuse chan error // buffered: the first refusal is kept
@@ -32,14 +33,14 @@ type FlaggedWait struct {
 // add registers the queued attempts of one acquire (one attempt, or a
 // group's) on keys, and returns the channel a refusal of any of them
 // arrives on and the function that unregisters them.
-func (w *Waits) add(ws []WaiterKey, keys []string, since time.Time) (<-chan error, func()) {
+func (w *Waits) add(o *Owner, ws []WaiterKey, keys []string, since time.Time) (<-chan error, func()) {
 	refuse := make(chan error, 1)
 	w.mu.Lock()
 	if w.m == nil {
 		w.m = map[WaiterKey]*flaggedWait{}
 	}
 	for i, k := range ws {
-		w.m[k] = &flaggedWait{key: keys[i], since: since, refuse: refuse}
+		w.m[k] = &flaggedWait{owner: o, key: keys[i], since: since, refuse: refuse}
 	}
 	w.mu.Unlock()
 	return refuse, func() {
@@ -52,17 +53,35 @@ func (w *Waits) add(ws []WaiterKey, keys []string, since time.Time) (<-chan erro
 }
 
 // Older returns the flagged waits that have waited since before t, a
-// time.Now reading: waiting times are liveness, not lease timing.
+// time.Now reading (waiting times are liveness, not lease timing), of
+// Owners that hold a lock: a Session that holds nothing is in no cycle,
+// so the waiters of a busy key that hold nothing else cost the check no
+// reads.
 func (w *Waits) Older(t time.Time) []FlaggedWait {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	var out []FlaggedWait
+	var owners []*Owner
 	for k, f := range w.m {
 		if f.since.Before(t) {
 			out = append(out, FlaggedWait{WaiterKey: k, Key: f.key, Since: f.since})
+			owners = append(owners, f.owner)
 		}
 	}
-	return out
+	w.mu.Unlock()
+	holding := map[*Owner]bool{}
+	kept := out[:0]
+	for i, fw := range out {
+		o := owners[i]
+		h, ok := holding[o]
+		if !ok {
+			h = o.holdsAny()
+			holding[o] = h
+		}
+		if h {
+			kept = append(kept, fw)
+		}
+	}
+	return kept
 }
 
 // Refuse ends the flagged wait k with err, which its acquire returns
@@ -79,4 +98,29 @@ func (w *Waits) Refuse(k WaiterKey, err error) bool {
 	default:
 	}
 	return true
+}
+
+// holdsAny reports whether the Owner holds a lock on any shard.
+func (o *Owner) holdsAny() bool {
+	o.mu.Lock()
+	var ss []*Session
+	for _, sl := range o.shards {
+		select {
+		case <-sl.done:
+			if sl.s != nil {
+				ss = append(ss, sl.s)
+			}
+		default:
+		}
+	}
+	o.mu.Unlock()
+	for _, s := range ss {
+		s.mu.Lock()
+		n := len(s.held)
+		s.mu.Unlock()
+		if n > 0 {
+			return true
+		}
+	}
+	return false
 }

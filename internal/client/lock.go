@@ -590,7 +590,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 			ws[i] = WaiterKey{Shard: s.shard, Session: s.id, Req: first + uint64(i)}
 		}
 		var unwatch func()
-		refused, unwatch = c.waits.add(ws, keys, time.Now())
+		refused, unwatch = c.waits.add(s.owner, ws, keys, time.Now())
 		defer unwatch()
 	}
 
