@@ -264,10 +264,16 @@ func (p *deadlockPlay) handOff(k *simKey) {
 			p.grant(w)
 			continue
 		}
+		// A group the play could not take whole never leaves: graphs from
+		// other peers (StuckWaits) may hold anything, and a head that
+		// would never be popped must not spin.
+		if w.size > MaxGroup || w.first > w.req || w.req-w.first >= uint64(w.size) {
+			return
+		}
 		members := make([]*simAttempt, 0, w.size)
-		for req := w.first; req < w.first+uint64(w.size); req++ {
-			m := w.sess.group[attemptID{w.id.shard, w.id.session, req}]
-			if m == nil || m.held || m.key.queue[0] != m || !m.key.fits(m) {
+		for i := range uint64(w.size) {
+			m := w.sess.group[attemptID{w.id.shard, w.id.session, w.first + i}]
+			if m == nil || m.held || len(m.key.queue) == 0 || m.key.queue[0] != m || !m.key.fits(m) {
 				return
 			}
 			members = append(members, m)

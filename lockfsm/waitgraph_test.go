@@ -266,3 +266,57 @@ func crossShardRuns(t *testing.T, seeds uint64) (found int, err error) {
 	}
 	return found, nil
 }
+
+// FuzzStuckWaits feeds StuckWaits wait graphs as another peer might send
+// them, well-formed or not (a group whose members are missing, on one key
+// twice or past MaxGroup, a key of limit 0, an attempt listed twice): it
+// must return, never panic, give the same answer twice, and name a wait
+// and a reason for every stuck one.
+func FuzzStuckWaits(f *testing.F) {
+	f.Add([]byte{0x01, 0x12, 0x23, 0x34, 0x45, 0x56, 0x67, 0x78, 0x89, 0x9a})
+	f.Add([]byte("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\xf0\xe1\xd2\xc3"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		next := func() byte {
+			if len(data) == 0 {
+				return 0
+			}
+			b := data[0]
+			data = data[1:]
+			return b
+		}
+		var shards []ShardWaits
+		for s := range uint64(1 + next()%3) {
+			sw := ShardWaits{Shard: s + 1}
+			for k := range int(next() % 4) {
+				wk := WaitKey{Key: fmt.Sprintf("k%d", k), Role: Kind(next() % 5), Limit: uint32(next() % 4)}
+				for j := range 2 {
+					for range int(next() % 4) {
+						b, c := next(), next()
+						wa := WaitAttempt{
+							Holder:  Holder{Session: uint64(b%4) + 1, Req: uint64(c % 8), Label: uint64(b>>2) % 5, Kind: Kind(c>>3) % 5, Permits: uint32(c>>6) % 4},
+							Group:   uint16(next() % 70),
+							Flagged: b&0x80 != 0,
+						}
+						wa.First = wa.Req - uint64(next()%4)
+						if j == 0 {
+							wk.Holders = append(wk.Holders, wa)
+						} else {
+							wk.Waiters = append(wk.Waiters, wa)
+						}
+					}
+				}
+				sw.Keys = append(sw.Keys, wk)
+			}
+			shards = append(shards, sw)
+		}
+		got := StuckWaits(shards)
+		if again := StuckWaits(shards); !reflect.DeepEqual(got, again) {
+			t.Fatalf("two plays of one graph differ:\n%+v\n%+v", got, again)
+		}
+		for _, st := range got {
+			if st.Why == "" || st.Key == "" || !st.Waiter.Flagged {
+				t.Fatalf("stuck wait without a key, a reason or the flag: %+v", st)
+			}
+		}
+	})
+}
