@@ -50,8 +50,20 @@ type simSession struct {
 	blocked int // flagged attempts still waiting; 0: it will release
 	holds   []*simAttempt
 	waits   []*simAttempt // by request id
-	// group is its waiting attempts, to find a group's members.
+	// group is its waiting attempts of groups, to find a group's
+	// members; nil until it has one.
 	group map[attemptID]*simAttempt
+}
+
+// waitsFor records sa as a waiting attempt of ss.
+func (ss *simSession) waitsFor(sa *simAttempt) {
+	ss.waits = append(ss.waits, sa)
+	if sa.size != 0 {
+		if ss.group == nil {
+			ss.group = map[attemptID]*simAttempt{}
+		}
+		ss.group[sa.id] = sa
+	}
 }
 
 // attemptID names an attempt in a play of one or several shards.
@@ -97,8 +109,7 @@ func (s *State) deadlock(sess *session, reqs []uint64, ats []*attempt) string {
 		sa := p.attempt(me, reqs[i], at, k)
 		sa.flagged = true
 		k.queue = append(k.queue, sa)
-		me.waits = append(me.waits, sa)
-		me.group[sa.id] = sa
+		me.waitsFor(sa)
 		me.blocked++
 		mine = append(mine, sa)
 	}
@@ -122,7 +133,7 @@ func (p *deadlockPlay) session(sess *session) *simSession {
 	if len(p.sessions)+len(p.keys) >= maxCycleSearch {
 		return nil
 	}
-	ss := &simSession{id: sess.id, owner: sess.owner, label: sess.label, group: map[attemptID]*simAttempt{}}
+	ss := &simSession{id: sess.id, owner: sess.owner, label: sess.label}
 	p.sessions[sess.id] = ss
 	return ss
 }
@@ -179,8 +190,7 @@ func (p *deadlockPlay) closure() bool {
 					ss.holds = append(ss.holds, sa)
 				} else {
 					k.queue = append(k.queue, sa)
-					ss.group[sa.id] = sa
-					ss.waits = append(ss.waits, sa)
+					ss.waitsFor(sa)
 					if sa.flagged {
 						ss.blocked++
 					}
@@ -326,60 +336,87 @@ func (k *simKey) fits(w *simAttempt) bool {
 // It also returns the sessions of the cycle and the keys of its steps,
 // in its order.
 func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) (string, []*simSession, []*simKey) {
-	var steps []string
+	var steps []hop
 	var path []*simSession
-	var keys []*simKey
 	seen := map[*simSession]int{}
 	at, waits := me, mine
 	for {
 		seen[at] = len(steps)
 		path = append(path, at)
-		next, key, step := blocker(at, waits)
-		if next == nil {
+		st, ok := blocker(at, waits)
+		if !ok {
 			if len(steps) == 0 {
 				return fmt.Sprintf("%s waits for %q, which nothing that waits could free", me.name(), mine[0].key.name), nil, nil
 			}
-			return strings.Join(steps, "; "), nil, nil
+			return text("", steps), nil, nil
 		}
-		steps = append(steps, step)
-		keys = append(keys, key)
-		if i, ok := seen[next]; ok {
-			steps, path, keys = steps[i:], path[i:], keys[i:]
-			if next != me {
-				steps = append([]string{"the wait queues behind a cycle:"}, steps...)
+		steps = append(steps, st)
+		if i, ok := seen[st.next]; ok {
+			steps, path = steps[i:], path[i:]
+			keys := make([]*simKey, len(steps))
+			for j := range steps {
+				keys[j] = steps[j].key
 			}
-			return strings.Join(steps, "; "), path, keys
+			lead := ""
+			if st.next != me {
+				lead = "the wait queues behind a cycle: "
+			}
+			return text(lead, steps), path, keys
 		}
-		at, waits = next, next.waits
+		at, waits = st.next, st.next.waits
 	}
+}
+
+// hop is one step of a wait-for path: from waits for key, held by (or
+// queued behind) next.
+type hop struct {
+	from, next *simSession
+	key        *simKey
+	queued     bool
+}
+
+// text writes the steps out, no longer than a result may carry: a chain
+// of a thousand sessions is named by its first steps.
+func text(lead string, steps []hop) string {
+	var b strings.Builder
+	b.WriteString(lead)
+	for i, st := range steps {
+		if b.Len() > MaxErrLen {
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		how := "held by"
+		if st.queued {
+			how = "queued behind"
+		}
+		if st.next == st.from {
+			how += " itself,"
+		}
+		fmt.Fprintf(&b, "%s waits for %q, %s %s", st.from.name(), st.key.name, how, st.next.name())
+	}
+	return b.String()
 }
 
 // blocker is the first stuck session that the first of ss's waits with
 // one waits for: a holder of its key, or a waiter ahead of it.
-func blocker(ss *simSession, waits []*simAttempt) (*simSession, *simKey, string) {
+func blocker(ss *simSession, waits []*simAttempt) (hop, bool) {
 	for _, w := range waits {
 		if w.held {
 			continue
 		}
 		for _, h := range w.key.holders {
-			how := "held by"
-			if h.sess == ss {
-				how = "held by itself,"
-			}
-			return h.sess, w.key, fmt.Sprintf("%s waits for %q, %s %s", ss.name(), w.key.name, how, h.sess.name())
+			return hop{from: ss, next: h.sess, key: w.key}, true
 		}
 		for _, a := range w.key.queue {
 			if a == w {
 				break
 			}
-			how := "queued behind"
-			if a.sess == ss {
-				how = "queued behind itself,"
-			}
-			return a.sess, w.key, fmt.Sprintf("%s waits for %q, %s %s", ss.name(), w.key.name, how, a.sess.name())
+			return hop{from: ss, next: a.sess, key: w.key, queued: true}, true
 		}
 	}
-	return nil, nil, ""
+	return hop{}, false
 }
 
 // name is how a refusal names the session: by its Session's ID (the

@@ -303,3 +303,66 @@ func TestDeadlockBrokenVariantIsCaught(t *testing.T) {
 	}
 	t.Fatal("300 random workloads missed the broken deadlock check")
 }
+
+// BenchmarkDeadlockCheck measures the check of a wait at the end of a
+// chain of n sessions, each holding a key and waiting (flagged) for the
+// next one's: the play covers the whole chain, the most a check of that
+// size does.
+func BenchmarkDeadlockCheck(b *testing.B) {
+	for _, n := range []int{1, 100, 1000} {
+		b.Run(fmt.Sprintf("chain%d", n), func(b *testing.B) {
+			s := New()
+			index := uint64(0)
+			apply := func(cmds ...Command) []Result {
+				index++
+				rs, _ := s.Apply(index, cmds)
+				return rs
+			}
+			ids := make([]uint64, n+1)
+			for i := range ids {
+				ids[i] = apply(Command{Op: OpOpenSession, Owner: "o", TTLMillis: 1000})[0].Session
+				apply(acq(ids[i], 1, fmt.Sprintf("k%d", i), true))
+			}
+			for i := 0; i < n; i++ {
+				apply(waitDL(acq(ids[i], 2, fmt.Sprintf("k%d", i+1), true)))
+			}
+			sess := s.sessions[ids[n]]
+			at := &attempt{key: "k0", permits: 1, deadlock: true}
+			b.ResetTimer()
+			for b.Loop() {
+				if why := s.deadlock(sess, []uint64{3}, []*attempt{at}); why == "" {
+					b.Fatal("the chain's closing wait was not found a deadlock")
+				}
+			}
+		})
+	}
+}
+
+// A refusal that names long keys and owners is cut to MaxErrLen, so its
+// entry's results still encode: a replica that could not encode them
+// would fail the entry on every replica, and again after every restart.
+func TestLongRefusalsStillEncode(t *testing.T) {
+	c := newChecker()
+	long := func(c byte, n int) string { return strings.Repeat(string(c), n) }
+	for _, o := range []string{long('a', MaxOwnerLen), long('b', MaxOwnerLen)} {
+		if _, _, err := c.apply(Command{Op: OpOpenSession, Owner: o, TTLMillis: 5000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x, y, z := long('x', MaxKeyLen), long('y', MaxKeyLen), long('z', MaxKeyLen)
+	steps := [][]Command{
+		{acq(A, 1, x, true)},
+		{acq(B, 1, y, true)},
+		{waitDL(acq(A, 2, y, true))},
+		group(waitDL(acq(B, 2, z, true)), waitDL(acq(B, 3, x, true))),
+	}
+	for i, cmds := range steps {
+		rs, _, err := c.apply(cmds...)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if i == len(steps)-1 && (rs[0].Status != StatusDeadlock || len(rs[0].Err) > MaxErrLen || !strings.HasPrefix(rs[0].Err, "Acquire of a group")) {
+			t.Fatalf("the long refusal: %v, %d bytes", rs[0].Status, len(rs[0].Err))
+		}
+	}
+}

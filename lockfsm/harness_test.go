@@ -30,6 +30,11 @@ func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
 	if err := c.s.Verify(); err != nil {
 		return rs, gs, fmt.Errorf("entry %d: %v", c.index, err)
 	}
+	// A replica returns the results encoded: one that cannot be would
+	// fail the entry on every replica, and again on every restart.
+	if _, err := EncodeResults(rs); err != nil {
+		return rs, gs, fmt.Errorf("entry %d: %v", c.index, err)
+	}
 	var prev uint64
 	for _, g := range gs {
 		if g.Token <= prev {

@@ -633,10 +633,26 @@ func (s *State) Apply(index uint64, cmds []Command) (results []Result, grants []
 			results[i] = a.apply(c)
 		}
 	}
+	for i := range results {
+		results[i].Err = clip(results[i].Err)
+	}
 	return results, a.grants
 }
 
 func invalid(msg string) Result { return Result{Status: StatusInvalid, Err: msg} }
+
+// clip cuts an explanation to MaxErrLen bytes, the most a result may
+// carry: one that names long keys and owners (a deadlock's cycle) would
+// otherwise make the entry's results unencodable, on every replica and
+// again after every restart. Results are not replicated state, so where
+// the cut falls changes nothing a replica keeps.
+func clip(msg string) string {
+	const more = "..."
+	if len(msg) <= MaxErrLen {
+		return msg
+	}
+	return msg[:MaxErrLen-len(more)] + more
+}
 
 // applier carries the grants of one entry.
 type applier struct {

@@ -130,7 +130,7 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 		}
 		ss := p.sessions[id]
 		if ss == nil {
-			ss = &simSession{id: id, owner: h.Owner, label: h.Label, group: map[attemptID]*simAttempt{}}
+			ss = &simSession{id: id, owner: h.Owner, label: h.Label}
 			p.sessions[id] = ss
 		}
 		return ss
@@ -155,8 +155,7 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 						continue
 					}
 					k.queue = append(k.queue, sa)
-					ss.group[sa.id] = sa
-					ss.waits = append(ss.waits, sa)
+					ss.waitsFor(sa)
 					if sa.flagged {
 						ss.blocked++
 						flagged = append(flagged, sa)
