@@ -24,22 +24,26 @@ import (
 // Only the part of the shard the new wait can depend on is played: the
 // keys it waits for, the sessions that hold or wait for them, and every
 // key those sessions wait for, transitively. A check that would need
-// more than maxCycleSearch keys and sessions refuses nothing, as before.
+// more than maxCycleSearch keys and sessions, or maxPlayAttempts holders
+// and waiters, refuses nothing. Each attempt costs the play O(1) (a key's
+// holders are counted as they come and go), so a check costs
+// O(maxPlayAttempts) at most, on every replica.
 // Every step goes in a fixed order, so every replica refuses alike and
 // names the same cycle.
 
 // simAttempt is an attempt in the play: a holder or a waiter of a key.
 type simAttempt struct {
-	sess    *simSession
-	id      attemptID
-	req     uint64
-	key     *simKey
-	kind    Kind
-	permits uint32
-	size    uint16 // of its group; 0 for none
-	first   uint64 // its group's first request id
-	held    bool
-	flagged bool // the wait counts: FlagDeadlock
+	sess     *simSession
+	id       attemptID
+	req      uint64
+	key      *simKey
+	kind     Kind
+	permits  uint32
+	size     uint16 // of its group; 0 for none
+	first    uint64 // its group's first request id
+	held     bool
+	released bool // held, then given back in the play
+	flagged  bool // the wait counts: FlagDeadlock
 }
 
 // simSession is a session in the play.
@@ -75,8 +79,33 @@ type simKey struct {
 	name    string
 	role    role
 	limit   uint32
-	holders []*simAttempt
+	holders []*simAttempt // in grant order; released ones stay, marked
 	queue   []*simAttempt
+	// What the holders not released hold, kept as they come and go so
+	// that a key of many holders costs the play no rescans.
+	held, writers int
+	used          uint64 // permits
+}
+
+// hold adds sa to k's holders.
+func (k *simKey) hold(sa *simAttempt) {
+	sa.held = true
+	k.holders = append(k.holders, sa)
+	k.held++
+	k.used += uint64(sa.permits)
+	if sa.kind == KindWrite {
+		k.writers++
+	}
+}
+
+// release ends the hold sa of k.
+func (k *simKey) release(sa *simAttempt) {
+	sa.released = true
+	k.held--
+	k.used -= uint64(sa.permits)
+	if sa.kind == KindWrite {
+		k.writers--
+	}
 }
 
 type deadlockPlay struct {
@@ -86,6 +115,7 @@ type deadlockPlay struct {
 	order    []string // keys in the order the play met them
 	work     []*simKey
 	free     []*simSession
+	attempts int // holders and waiters met
 }
 
 // deadlock reports why the new attempts of sess, none of them granted,
@@ -176,6 +206,9 @@ func (p *deadlockPlay) closure() bool {
 		var sessions []*session
 		var mine []*simAttempt // the new attempts, already queued
 		mine, k.queue = k.queue, nil
+		if p.attempts += len(lk.holders()) + len(lk.waiters()); p.attempts > maxPlayAttempts {
+			return false
+		}
 		for j, list := range [][]ref{lk.holders(), lk.waiters()} {
 			for _, h := range list {
 				sess := p.s.sessions[h.session]
@@ -185,8 +218,7 @@ func (p *deadlockPlay) closure() bool {
 				}
 				sa := p.attempt(ss, h.req, sess.reqs[h.req], k)
 				if j == 0 {
-					sa.held = true
-					k.holders = append(k.holders, sa)
+					k.hold(sa)
 					ss.holds = append(ss.holds, sa)
 				} else {
 					k.queue = append(k.queue, sa)
@@ -250,7 +282,7 @@ func (p *deadlockPlay) play() {
 			ss := p.free[0]
 			p.free = p.free[1:]
 			for _, h := range ss.holds {
-				h.key.holders = slices.DeleteFunc(h.key.holders, func(o *simAttempt) bool { return o == h })
+				h.key.release(h)
 				p.work = append(p.work, h.key)
 			}
 			ss.holds = nil
@@ -301,8 +333,7 @@ func (p *deadlockPlay) handOff(k *simKey) {
 func (p *deadlockPlay) grant(w *simAttempt) {
 	k := w.key
 	k.queue = k.queue[1:]
-	k.holders = append(k.holders, w)
-	w.held = true
+	k.hold(w)
 	ss := w.sess
 	ss.holds = append(ss.holds, w)
 	if w.flagged {
@@ -318,24 +349,19 @@ func (p *deadlockPlay) grant(w *simAttempt) {
 func (k *simKey) fits(w *simAttempt) bool {
 	switch k.role {
 	case roleRW:
-		return len(k.holders) == 0 || w.kind == KindRead && k.holders[0].kind == KindRead
+		return k.held == 0 || w.kind == KindRead && k.writers == 0
 	case roleSemaphore:
-		used := uint64(w.permits)
-		for _, h := range k.holders {
-			used += uint64(h.permits)
-		}
-		return used <= uint64(k.limit)
+		return k.used+uint64(w.permits) <= uint64(k.limit)
 	}
-	return uint64(len(k.holders)) < uint64(k.limit)
+	return uint64(k.held) < uint64(k.limit)
 }
 
 // explain names the wait-for path from me, whose new wait is stuck: each
 // step is a session waiting for a key, held by, or queued behind, a
 // session that is stuck too, until a session comes round again (me, when
 // the new wait closes the cycle).
-// It also returns the sessions of the cycle and the keys of its steps,
-// in its order.
-func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) (string, []*simSession, []*simKey) {
+// It also returns the sessions of the cycle and its steps, in its order.
+func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) (string, []*simSession, []hop) {
 	var steps []hop
 	var path []*simSession
 	seen := map[*simSession]int{}
@@ -353,24 +379,21 @@ func (p *deadlockPlay) explain(me *simSession, mine []*simAttempt) (string, []*s
 		steps = append(steps, st)
 		if i, ok := seen[st.next]; ok {
 			steps, path = steps[i:], path[i:]
-			keys := make([]*simKey, len(steps))
-			for j := range steps {
-				keys[j] = steps[j].key
-			}
 			lead := ""
 			if st.next != me {
 				lead = "the wait queues behind a cycle: "
 			}
-			return text(lead, steps), path, keys
+			return text(lead, steps), path, steps
 		}
 		at, waits = st.next, st.next.waits
 	}
 }
 
-// hop is one step of a wait-for path: from waits for key, held by (or
-// queued behind) next.
+// hop is one step of a wait-for path: from's attempt w waits for key,
+// held by (or queued behind) next.
 type hop struct {
 	from, next *simSession
+	w          *simAttempt
 	key        *simKey
 	queued     bool
 }
@@ -407,13 +430,15 @@ func blocker(ss *simSession, waits []*simAttempt) (hop, bool) {
 			continue
 		}
 		for _, h := range w.key.holders {
-			return hop{from: ss, next: h.sess, key: w.key}, true
+			if !h.released {
+				return hop{from: ss, next: h.sess, w: w, key: w.key}, true
+			}
 		}
 		for _, a := range w.key.queue {
 			if a == w {
 				break
 			}
-			return hop{from: ss, next: a.sess, key: w.key, queued: true}, true
+			return hop{from: ss, next: a.sess, w: w, key: w.key, queued: true}, true
 		}
 	}
 	return hop{}, false

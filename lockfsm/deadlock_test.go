@@ -366,3 +366,33 @@ func TestLongRefusalsStillEncode(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDeadlockCheckManyHolders measures the check of a semaphore
+// wait behind n takes of one session: each hold costs the play O(1), so
+// the check grows with n, not n².
+func BenchmarkDeadlockCheckManyHolders(b *testing.B) {
+	for _, n := range []int{100, 2000, 8000} {
+		b.Run(fmt.Sprintf("holders%d", n), func(b *testing.B) {
+			s := New()
+			index := uint64(0)
+			apply := func(cmds ...Command) []Result {
+				index++
+				rs, _ := s.Apply(index, cmds)
+				return rs
+			}
+			holder := apply(Command{Op: OpOpenSession, Owner: "o", TTLMillis: 1000})[0].Session
+			waiter := apply(Command{Op: OpOpenSession, Owner: "o", TTLMillis: 1000})[0].Session
+			for i := range n {
+				apply(permits(holder, uint64(i+1), "s", uint32(n), 1, true))
+			}
+			sess := s.sessions[waiter]
+			at := &attempt{key: "s", kind: KindSemaphore, permits: 1, deadlock: true}
+			b.ResetTimer()
+			for b.Loop() {
+				if why := s.deadlock(sess, []uint64{1}, []*attempt{at}); why != "" {
+					b.Fatal(why)
+				}
+			}
+		})
+	}
+}

@@ -114,6 +114,9 @@ const (
 	// maxCycleSearch bounds the keys and sessions a deadlock check
 	// plays; a check that would need more refuses nothing.
 	maxCycleSearch = 4096
+	// maxPlayAttempts bounds the holders and waiters a deadlock check
+	// plays; a check that would need more refuses nothing.
+	maxPlayAttempts = 16384
 )
 
 // limitOf is the limit an Acquire gives a key it creates: a semaphore's

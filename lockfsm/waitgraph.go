@@ -78,10 +78,12 @@ func (s *State) waitAttempts(list []ref) []WaitAttempt {
 	return out
 }
 
-// ShardKey names a key and its shard.
-type ShardKey struct {
-	Shard uint64
-	Key   string
+// CycleStep is one step of a wait-for cycle: the attempt (Session, Req)
+// of shard waits for Key, held by, or queued behind, the next step's
+// session.
+type CycleStep struct {
+	Shard, Session, Req uint64
+	Key                 string
 }
 
 // ShardWaits is one shard's WaitGraph.
@@ -98,9 +100,9 @@ type StuckWait struct {
 	Key    string
 	Why    string   // the wait-for cycle, as a refusal names it
 	Cycle  []uint64 // the labels of the cycle's sessions, in its order
-	// Keys are the keys of the cycle's steps, in its order: a checker
-	// that reads the graphs again can see whether they stayed as they were.
-	Keys    []ShardKey
+	// Steps are the cycle's steps, in its order: a checker that reads the
+	// graphs again can see whether they stayed as they were.
+	Steps   []CycleStep
 	Victim  bool // this wait is the one of its cycle to refuse
 	cycleOf []*simSession
 }
@@ -110,8 +112,8 @@ type StuckWait struct {
 // label is one of its own), and returns the flagged waits that would
 // never be granted, in shard, key and queue order. Of each cycle one wait
 // is the Victim, the same whoever computes it from the same graphs: the
-// first wait, in that order, of the cycle's session with the highest
-// label. Refusing it breaks the cycle.
+// first wait, in that order, of the cycle's Session with the highest
+// label among those that hold a key. Refusing it breaks the cycle.
 func StuckWaits(shards []ShardWaits) []StuckWait {
 	p := &deadlockPlay{sessions: map[uint64]*simSession{}, keys: map[string]*simKey{}}
 	var flagged []*simAttempt
@@ -149,8 +151,7 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 					sa := &simAttempt{sess: ss, id: attemptID{sw.Shard, wa.Session, wa.Req}, req: wa.Req, key: k,
 						kind: wa.Kind, permits: max(wa.Permits, 1), size: wa.Group, first: wa.First, flagged: wa.Flagged}
 					if j == 0 {
-						sa.held = true
-						k.holders = append(k.holders, sa)
+						k.hold(sa)
 						ss.holds = append(ss.holds, sa)
 						continue
 					}
@@ -171,10 +172,21 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 		if w.held {
 			continue
 		}
-		why, cycle, keys := p.explain(w.sess, []*simAttempt{w})
+		// A group waits whole: its explanation starts from whichever of
+		// its attempts is held up.
+		mine := []*simAttempt{w}
+		if w.size != 0 {
+			mine = mine[:0]
+			for j := range uint64(min(w.size, MaxGroup)) {
+				if m := w.sess.group[attemptID{w.id.shard, w.id.session, w.first + j}]; m != nil {
+					mine = append(mine, m)
+				}
+			}
+		}
+		why, cycle, steps := p.explain(w.sess, mine)
 		st := StuckWait{Shard: shardOf[i], Key: w.key.name, Why: why, cycleOf: cycle}
-		for _, k := range keys {
-			st.Keys = append(st.Keys, ShardKey{k.shard, k.name})
+		for _, h := range steps {
+			st.Steps = append(st.Steps, CycleStep{Shard: h.key.shard, Session: h.w.id.session, Req: h.w.req, Key: h.key.name})
 		}
 		st.Waiter = WaitAttempt{Holder: Holder{Session: w.id.session, Req: w.req, Owner: w.sess.owner, Label: w.sess.label, Kind: w.kind, Permits: w.permits},
 			Group: w.size, First: w.first, Flagged: true}
@@ -184,19 +196,29 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 		stuck = append(stuck, st)
 	}
 	// The victim of a cycle: of the stuck waits that lead into it, the
-	// first of its session with the highest id (the label, when there is
-	// one).
+	// first of the cycle's Session with the highest label among those
+	// that hold a key (a peer checks only the waits of Sessions that hold
+	// one: a cycle may run through a session that holds nothing, queued
+	// behind a group), or among all, when none does.
 	chosen := map[string]bool{}
 	for i := range stuck {
 		cyc := stuck[i].cycleOf
 		if len(cyc) == 0 || stuck[i].Waiter.Label == 0 {
 			continue
 		}
-		top := cyc[0]
-		for _, ss := range cyc[1:] {
-			if ss.id > top.id {
-				top = ss
+		var top *simSession
+		for _, holding := range []bool{true, false} {
+			for _, ss := range cyc {
+				if ss.label != 0 && (len(ss.holds) > 0 || !holding) && (top == nil || ss.label > top.label) {
+					top = ss
+				}
 			}
+			if top != nil {
+				break
+			}
+		}
+		if top == nil {
+			continue
 		}
 		ids := make([]uint64, len(cyc))
 		for j, ss := range cyc {

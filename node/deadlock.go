@@ -21,16 +21,21 @@ import (
 // (lockfsm.StuckWaits). For a stuck wait of its own that the play names
 // the victim of its cycle, it reads the graphs a second time, after the
 // first round is complete, and refuses the wait (ErrDeadlock, naming the
-// cycle) only if the second play names it too and every key of the cycle
-// has the same holders and waiters in both rounds. An attempt is waiting,
-// then held, then done, never back, and a queue only loses its head or
-// grows at its tail: so a cycle seen unchanged in two reads existed, whole,
-// at the instant between the rounds, although the shards were read at
-// different times. Every peer picks the same victim from the same graphs,
-// so one wait of a cycle is refused, not one per peer.
+// cycle) only if the second play names it too and, at every step of the
+// cycle, the key has the same holders, and the same waiters up to the
+// step's waiter, in both rounds. An attempt is waiting, then held, then
+// done, and never comes back, and a queue keeps its order: so a step seen
+// alike in two reads held throughout the time between them, and the cycle
+// existed whole at the instant between the rounds, although the shards
+// were read at different times. Waiters that join a queue behind the
+// cycle change nothing. Every peer picks the same victim from the same
+// graphs, so one wait of a cycle is refused, not one per peer.
 //
-// A wait is refused within deadlockProbe of waiting deadlockProbe, plus
-// two rounds of reads: about a second on a healthy cluster.
+// A wait is refused once it has waited deadlockProbe, within one more
+// probe and two rounds of reads: about a second on a healthy cluster,
+// two at most while every shard answers. A shard that does not answer, or
+// whose waiters and holders pass replica.MaxWaitAttempts, puts the check
+// off to the next probe.
 const deadlockProbe = 500 * time.Millisecond
 
 // deadlockLoop checks this peer's long flagged waits every deadlockProbe.
@@ -85,7 +90,7 @@ func (n *Node) checkCrossShard(ctx context.Context) int {
 	refused := 0
 	for _, v := range victims {
 		st, ok := again[waiterOf(v)]
-		if !ok || st.Why != v.Why || !sameKeys(first, second, v.Keys) {
+		if !ok || st.Why != v.Why || !sameSteps(first, second, v.Steps) {
 			continue
 		}
 		err := fmt.Errorf("lock %q: %w: waiting would deadlock across shards: %s", v.Key, lockerr.Deadlock, v.Why)
@@ -132,25 +137,32 @@ func (n *Node) readWaitGraphs(ctx context.Context) (graphs []lockfsm.ShardWaits,
 	return graphs, ok
 }
 
-// sameKeys reports whether each of keys has the same holders and waiters
-// in both reads.
-func sameKeys(a, b []lockfsm.ShardWaits, keys []lockfsm.ShardKey) bool {
-	find := func(gs []lockfsm.ShardWaits, k lockfsm.ShardKey) *lockfsm.WaitKey {
+// sameSteps reports whether, at each step of a cycle, the key has the
+// same holders, and the same waiters up to the step's waiter, in both
+// reads.
+func sameSteps(a, b []lockfsm.ShardWaits, steps []lockfsm.CycleStep) bool {
+	find := func(gs []lockfsm.ShardWaits, st lockfsm.CycleStep) (holders, ahead []lockfsm.WaitAttempt, ok bool) {
 		for _, g := range gs {
-			if g.Shard != k.Shard {
+			if g.Shard != st.Shard {
 				continue
 			}
-			for i := range g.Keys {
-				if g.Keys[i].Key == k.Key {
-					return &g.Keys[i]
+			for _, k := range g.Keys {
+				if k.Key != st.Key {
+					continue
+				}
+				for i, w := range k.Waiters {
+					if w.Session == st.Session && w.Req == st.Req {
+						return k.Holders, k.Waiters[:i+1], true
+					}
 				}
 			}
 		}
-		return nil
+		return nil, nil, false
 	}
-	for _, k := range keys {
-		x, y := find(a, k), find(b, k)
-		if x == nil || y == nil || !reflect.DeepEqual(x, y) {
+	for _, st := range steps {
+		h1, w1, ok1 := find(a, st)
+		h2, w2, ok2 := find(b, st)
+		if !ok1 || !ok2 || !reflect.DeepEqual(h1, h2) || !reflect.DeepEqual(w1, w2) {
 			return false
 		}
 	}

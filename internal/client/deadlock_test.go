@@ -9,18 +9,25 @@ import (
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
+// eventually polls cond until it holds; a condition still false after a
+// minute is a failure, not a hang until the test binary's timeout.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after a minute", what)
+		}
+	}
+}
+
 // waitListed waits until n flagged waits are registered.
 func waitListed(t *testing.T, c *Client, n int) {
 	t.Helper()
-	for {
+	eventually(t, "listed", func() bool {
 		c.waits.mu.Lock()
-		got := len(c.waits.m)
-		c.waits.mu.Unlock()
-		if got >= n {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer c.waits.mu.Unlock()
+		return len(c.waits.m) >= n
+	})
 }
 
 // A flagged wait is listed for the cross-shard check only when its Owner
@@ -67,12 +74,7 @@ func TestRefusedWaitLeavesTheQueue(t *testing.T) {
 		t.Fatalf("the refused wait returned %v, want the refusal", err)
 	}
 	// Withdrawn: x's release goes to o3, behind it.
-	waitFor := func(cond func() bool) {
-		for !cond() {
-			time.Sleep(time.Millisecond)
-		}
-	}
-	waitFor(func() bool {
+	eventually(t, "withdrawn", func() bool {
 		pc.cluster.stateCluster.mu.Lock()
 		defer pc.cluster.stateCluster.mu.Unlock()
 		info, _ := pc.cluster.s.Request(waits[0].Session, waits[0].Req)
