@@ -127,9 +127,11 @@ type Config struct {
 type Client struct {
 	cfg     Config
 	waiters *Waiters
-	waits   Waits         // the flagged ones, for the cross-shard deadlock check
-	kick    chan struct{} // a session opened: its TTL may be the shortest
-	hooks   testHooks
+	waits   Waits // the flagged ones, for the cross-shard deadlock check
+	// lastRound is read and written by the keepalive loop alone.
+	lastRound roundReadings
+	kick      chan struct{} // a session opened: its TTL may be the shortest
+	hooks     testHooks
 
 	mu       sync.Mutex
 	owners   map[*Owner]struct{} // the live ones: keepalives and Close reach them here

@@ -73,11 +73,19 @@ func (c *Client) kickKeepAlives() {
 // timer, which after the machine was suspended fires late, while the
 // lease clock (which counts suspended time) already says the lease is
 // over. So a holder blocked on Done learns of it within a round of waking.
+//
+// A maximum hold's deadline is checked the same way, but only after a
+// suspension (the lease clock moved on further than Go's since the last
+// round): there may be many holds, and otherwise their timers are on time.
 func (c *Client) round(ctx context.Context, ss []*Session, interval time.Duration) {
+	suspended := c.suspendedSinceLastRound()
 	byShard := map[uint64][]*Session{}
 	for _, s := range ss {
 		if s.CheckDeadline(); s.isLost() {
 			continue
+		}
+		if suspended {
+			s.checkHolds()
 		}
 		byShard[s.shard] = append(byShard[s.shard], s)
 	}
@@ -118,5 +126,40 @@ func (c *Client) keepAlive(ctx context.Context, shard uint64, ss []*Session, int
 		} else {
 			s.Extend(sent)
 		}
+	}
+}
+
+// suspendedSinceLastRound reports whether the lease clock, which counts
+// time the machine spends suspended, moved on by more than a lease margin
+// further than Go's monotonic clock since the last round. Only the
+// keepalive loop calls it.
+func (c *Client) suspendedSinceLastRound() bool {
+	lease, mono := c.now(), time.Now()
+	last := c.lastRound
+	c.lastRound = roundReadings{lease: lease, mono: mono}
+	if last.mono.IsZero() {
+		return false
+	}
+	return lease.Sub(last.lease)-mono.Sub(last.mono) > c.cfg.LeaseMargin
+}
+
+// roundReadings are the clocks' readings at the last keepalive round.
+type roundReadings struct{ lease, mono time.Time }
+
+// checkHolds ends the holds of s whose maximum has passed on the lease
+// clock, as their timers would have had they counted a suspension.
+func (s *Session) checkHolds() {
+	s.mu.Lock()
+	var hs []*Held
+	for _, list := range s.held {
+		for _, h := range list {
+			if !h.holdDeadline.IsZero() {
+				hs = append(hs, h)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, h := range hs {
+		h.checkLease()
 	}
 }

@@ -196,3 +196,29 @@ func TestResumeWakesABlockedHolderAtTheNextRound(t *testing.T) {
 		t.Fatalf("Owner error %v, want the lease lost", err)
 	}
 }
+
+// A holder already blocked on the Done of a grant whose maximum passed
+// while the machine was suspended is woken by the first keepalive round
+// after the resume, which sees the lease clock ahead of Go's.
+func TestResumeWakesABlockedMaxHoldAtTheNextRound(t *testing.T) {
+	rc := newResumeClient(t, time.Hour)
+	o, _ := rc.NewOwner(time.Hour)
+	h := rc.hold(t, o, "k", Spec{MaxHold: 30 * time.Minute})
+	done := h.Done()
+	rc.round(rc.ctx, rc.live(), time.Second) // the readings to compare with
+	rc.clock.Suspend(27 * time.Minute)
+	select {
+	case <-done:
+		t.Fatal("test broken: Done closed before any check")
+	default:
+	}
+	rc.round(rc.ctx, rc.live(), time.Second)
+	select {
+	case <-done:
+	default:
+		t.Fatal("a keepalive round after the resume left the blocked max-hold's Done open")
+	}
+	if err := o.Err(); err != nil {
+		t.Fatalf("the Owner ended (%v): only the hold had run out", err)
+	}
+}
