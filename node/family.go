@@ -247,7 +247,9 @@ func (m *RWMutex) lock(ctx context.Context, kind lockfsm.Kind, wait bool, opts [
 // the Session would take them (Curator's InterProcessSemaphoreV2 and
 // Redisson's RSemaphore do the same). A take that needs the Session's own
 // permits back can never be granted while the Session waits, and fails at
-// once with ErrDeadlock.
+// once with ErrDeadlock: the Session is one thread of control, its
+// goroutines included, so goroutines that should wait for each other's
+// permits need Sessions of their own.
 type Semaphore struct {
 	s       *Session
 	key     string

@@ -620,8 +620,13 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 		case <-s.lost:
 			return nil, true, nil
 		case <-ctx.Done():
+			// The withdrawal is recorded before the key is read for the
+			// error, so an acquire of the key through this session
+			// meanwhile waits for it (it would otherwise find its own
+			// attempt in the way).
+			withdrawals := s.startWithdrawal(keys)
 			err := s.waitError(ctx, keys, first)
-			abandoned = s.abandon(keys, first)
+			abandoned = s.withdraw(keys, first, withdrawals)
 			return nil, false, err
 		case err := <-refused:
 			abandoned = s.abandon(keys, first)
@@ -696,12 +701,28 @@ func refusal(key string, res lockfsm.Result) error {
 // as long as this peer lives, and the key with it (seen under delay-drop).
 // Losing the session closes it on the cluster, which ends the request.
 func (s *Session) abandon(keys []string, first uint64) bool {
+	return s.withdraw(keys, first, s.startWithdrawal(keys))
+}
+
+// startWithdrawal records that the attempts on keys are being withdrawn,
+// so that a new acquire of one of the keys through this session waits for
+// the withdrawal (withdraw) to commit. nil when the Client has stopped.
+func (s *Session) startWithdrawal(keys []string) []chan struct{} {
 	if s.c.stopped() {
-		return false
+		return nil
 	}
 	withdrawals := make([]chan struct{}, len(keys))
 	for i, key := range keys {
 		withdrawals[i] = s.attempts.StartRelease(key)
+	}
+	return withdrawals
+}
+
+// withdraw commits, in the background, the withdrawal startWithdrawal
+// recorded (abandon).
+func (s *Session) withdraw(keys []string, first uint64, withdrawals []chan struct{}) bool {
+	if withdrawals == nil {
+		return false
 	}
 	s.c.cfg.Go(func(bg context.Context) {
 		defer func() {
