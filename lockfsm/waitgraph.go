@@ -175,12 +175,9 @@ func StuckWaits(shards []ShardWaits) []StuckWait {
 		// A group waits whole: its explanation starts from whichever of
 		// its attempts is held up.
 		mine := []*simAttempt{w}
-		if w.size != 0 {
-			mine = mine[:0]
-			for j := range uint64(min(w.size, MaxGroup)) {
-				if m := w.sess.group[attemptID{w.id.shard, w.id.session, w.first + j}]; m != nil {
-					mine = append(mine, m)
-				}
+		for j := range uint64(min(w.size, MaxGroup)) {
+			if m := w.sess.group[attemptID{w.id.shard, w.id.session, w.first + j}]; m != nil && m != w {
+				mine = append(mine, m)
 			}
 		}
 		why, cycle, steps := p.explain(w.sess, mine)
