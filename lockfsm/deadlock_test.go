@@ -312,12 +312,7 @@ func BenchmarkDeadlockCheck(b *testing.B) {
 	for _, n := range []int{1, 100, 1000} {
 		b.Run(fmt.Sprintf("chain%d", n), func(b *testing.B) {
 			s := New()
-			index := uint64(0)
-			apply := func(cmds ...Command) []Result {
-				index++
-				rs, _ := s.Apply(index, cmds)
-				return rs
-			}
+			apply := applyAt(s)
 			ids := make([]uint64, n+1)
 			for i := range ids {
 				ids[i] = apply(Command{Op: OpOpenSession, Owner: "o", TTLMillis: 1000})[0].Session
@@ -374,12 +369,7 @@ func BenchmarkDeadlockCheckManyHolders(b *testing.B) {
 	for _, n := range []int{100, 2000, 8000} {
 		b.Run(fmt.Sprintf("holders%d", n), func(b *testing.B) {
 			s := New()
-			index := uint64(0)
-			apply := func(cmds ...Command) []Result {
-				index++
-				rs, _ := s.Apply(index, cmds)
-				return rs
-			}
+			apply := applyAt(s)
 			holder := apply(Command{Op: OpOpenSession, Owner: "o", TTLMillis: 1000})[0].Session
 			waiter := apply(Command{Op: OpOpenSession, Owner: "o", TTLMillis: 1000})[0].Session
 			for i := range n {

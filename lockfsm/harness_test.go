@@ -67,25 +67,44 @@ func snapshot(t testing.TB, s *State) []byte {
 	return buf.Bytes()
 }
 
+// byteStream hands out fuzz or random bytes one at a time, then zeros.
+type byteStream struct{ data []byte }
+
+func (b *byteStream) next() byte {
+	if len(b.data) == 0 {
+		return 0
+	}
+	c := b.data[0]
+	b.data = b.data[1:]
+	return c
+}
+
+func (b *byteStream) more() bool { return len(b.data) > 0 }
+
+// applyAt returns a function that applies each entry it is given to s at
+// the next index.
+func applyAt(s *State) func(cmds ...Command) []Result {
+	index := s.Index()
+	return func(cmds ...Command) []Result {
+		index++
+		rs, _ := s.Apply(index, cmds)
+		return rs
+	}
+}
+
 // genLog turns bytes into a log of entries over a small domain (a few
 // sessions, keys and request ids) so that collisions, hand-offs, duplicates
 // and expiries are frequent. Session ids are guessed from the entry indexes,
 // so some commands hit closed or never-opened sessions.
 func genLog(data []byte) [][]Command {
-	next := func() byte {
-		if len(data) == 0 {
-			return 0
-		}
-		b := data[0]
-		data = data[1:]
-		return b
-	}
+	in := &byteStream{data}
+	next := in.next
 	keys := []string{"a", "b", "c", "dir/x"}
 	var log [][]Command
-	for len(data) > 0 && len(log) < 256 {
+	for in.more() && len(log) < 256 {
 		n := int(next()%4) + 1
 		entry := make([]Command, 0, n)
-		for i := 0; i < n && len(data) > 0; i++ {
+		for i := 0; i < n && in.more(); i++ {
 			b := next()
 			c := Command{
 				Session: uint64(next() % 12),
@@ -258,14 +277,8 @@ func checkLog(t testing.TB, log [][]Command) error {
 // closing. Keys keep their roles, so most commands are served rather than
 // refused.
 func genFamilyLog(data []byte) [][]Command {
-	next := func() byte {
-		if len(data) == 0 {
-			return 0
-		}
-		b := data[0]
-		data = data[1:]
-		return b
-	}
+	in := &byteStream{data}
+	next := in.next
 	type kk struct {
 		key  string
 		kind func(b byte) (Kind, uint32, uint32) // kind, limit, permits
@@ -289,7 +302,7 @@ func genFamilyLog(data []byte) [][]Command {
 	ids := make([]uint64, 4)  // live session ids by slot; 0: to open
 	reqs := make([]uint64, 4) // last request id by slot
 	term := uint64(0)         // the last LeaderTerm proposed
-	for len(data) > 0 && len(log) < 300 {
+	for in.more() && len(log) < 300 {
 		index := uint64(len(log) + 1)
 		var entry []Command
 		for slot := range ids {
@@ -299,7 +312,7 @@ func genFamilyLog(data []byte) [][]Command {
 				break // one open per entry keeps ids equal to the index
 			}
 		}
-		for n := int(next()%3) + 1; n > 0 && len(data) > 0; n-- {
+		for n := int(next()%3) + 1; n > 0 && in.more(); n-- {
 			b := next()
 			slot := int(b % 4)
 			sess := ids[slot]

@@ -273,14 +273,7 @@ func FuzzStuckWaits(f *testing.F) {
 	f.Add([]byte{0x01, 0x12, 0x23, 0x34, 0x45, 0x56, 0x67, 0x78, 0x89, 0x9a})
 	f.Add([]byte("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\xf0\xe1\xd2\xc3"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		next := func() byte {
-			if len(data) == 0 {
-				return 0
-			}
-			b := data[0]
-			data = data[1:]
-			return b
-		}
+		next := (&byteStream{data}).next
 		var shards []ShardWaits
 		for s := range uint64(1 + next()%3) {
 			sw := ShardWaits{Shard: s + 1}
