@@ -267,6 +267,9 @@ func TestHostileCertificateHolders(t *testing.T) {
 	body, _ = encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryTop, K: replica.MaxTop}, Level: peers[0].node.topLevel()})
 	_, err = mallory.call(s.hosts()[0], methodRead, body)
 	refused(t, "mallory: read of the shard's contention summary", err)
+	body, _ = encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryWaits}, Level: peers[0].node.topLevel()})
+	_, err = mallory.call(s.hosts()[0], methodRead, body)
+	refused(t, "mallory: read of the shard's wait graph", err)
 	_, err = mallory.call(peers[0], methodStatus, nil)
 	refused(t, "mallory: read of a peer's status", err)
 	_, err = mallory.call(peers[0], methodGetPlacement, nil)
@@ -578,6 +581,7 @@ func TestAnswerBound(t *testing.T) {
 		{"request state", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryRequest, Session: 1, Req: 1}}), smallAnswer},
 		{"a key's holders", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryKey, Key: "k"}}), maxBodySize},
 		{"a contention summary", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryTop, K: replica.MaxTop}}), maxBodySize},
+		{"a wait graph", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryWaits}}), maxBodySize},
 		{"undecodable read", methodRead, []byte{0xc1}, maxBodySize},
 		{"layout", methodGetPlacement, nil, maxBodySize},
 		{"status", methodStatus, nil, maxBodySize},
