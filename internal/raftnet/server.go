@@ -127,6 +127,12 @@ func (t *transport) serve(c net.Conn, slot *connslots.Slot) {
 	s := &inbound{t: t, conn: conn, encrypted: t.cfg.TLS != nil, from: from}
 	if tc, ok := conn.(*tls.Conn); ok {
 		s.names = certNames(tc.ConnectionState().PeerCertificates[0])
+	} else {
+		// Without TLS, a valid first frame is all a connection can
+		// prove: it speaks the protocol. It proves itself before that
+		// frame is handed on, so a connection over the caps hands on
+		// nothing, and one whose frame was handed on holds its slot.
+		s.prove = func() bool { return t.prove(c, slot) }
 	}
 	for first := true; ; first = false {
 		if !first {
@@ -142,12 +148,8 @@ func (t *transport) serve(c net.Conn, slot *connslots.Slot) {
 			case errors.Is(err, os.ErrDeadlineExceeded):
 				t.refusedFrame.Warn(t.log(), "raftnet: peer too slow; connection closed", "from", from, "err", err)
 			}
-			// io.EOF and closed connections end quietly.
-			return
-		}
-		// Without TLS, a valid first frame is all a connection can
-		// prove: it speaks the protocol.
-		if first && t.cfg.TLS == nil && !t.prove(c, slot) {
+			// io.EOF, closed connections and refused ones (logged by
+			// prove) end quietly.
 			return
 		}
 	}
@@ -171,11 +173,15 @@ type inbound struct {
 	t         *transport
 	conn      net.Conn
 	encrypted bool
-	from      string    // the remote address, for warnings
-	names     []string  // the verified certificate's names; nil without TLS
-	kind      frameKind // of the first frame; every later one must match
-	buf       []byte    // reused between frames up to pieceSize
-	hdr       [frameHead]byte
+	from      string   // the remote address, for warnings
+	names     []string // the verified certificate's names; nil without TLS
+	// prove files the connection as proven, before its first valid frame
+	// is handed on (without TLS; nil once done, and with TLS, where the
+	// handshake proved it). False: over the caps, and closed.
+	prove func() bool
+	kind  frameKind // of the first frame; every later one must match
+	buf   []byte    // reused between frames up to pieceSize
+	hdr   [frameHead]byte
 }
 
 // frame reads one frame and hands it to its handler. An error ends the
@@ -241,6 +247,9 @@ func (s *inbound) frame() error {
 		if err := unmarshal(&b, h.kind, body); err != nil {
 			return err
 		}
+		if err := s.proved(); err != nil {
+			return err
+		}
 		if g := s.t.cfg.Gate; g != nil {
 			if errs := g.Batch(s.names, &b); len(errs) > 0 {
 				s.t.refusedMsg.Warn(s.t.log(), "raftnet: Raft messages refused", "from", s.from, "names", s.names, "refused", len(errs), "first", errs[0])
@@ -255,6 +264,9 @@ func (s *inbound) frame() error {
 		if err := unmarshal(&c, h.kind, body); err != nil {
 			return err
 		}
+		if err := s.proved(); err != nil {
+			return err
+		}
 		if g := s.t.cfg.Gate; g != nil {
 			if err := g.Chunk(s.names, &c); err != nil {
 				return badFrame("%v", err)
@@ -263,6 +275,22 @@ func (s *inbound) frame() error {
 		if !s.t.onChunk(c) {
 			return badFrame("snapshot chunk %d of shard %d from replica %d rejected by dragonboat", c.ChunkId, c.ShardID, c.From)
 		}
+	}
+	return nil
+}
+
+// errRefused ends a connection over the caps; prove logged why.
+var errRefused = errors.New("raftnet: connection over the caps")
+
+// proved runs s.prove once, at the first valid frame.
+func (s *inbound) proved() error {
+	if s.prove == nil {
+		return nil
+	}
+	ok := s.prove()
+	s.prove = nil
+	if !ok {
+		return errRefused
 	}
 	return nil
 }
