@@ -2,7 +2,9 @@ package node
 
 import (
 	"errors"
+	"fmt"
 
+	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 )
 
@@ -71,3 +73,105 @@ var (
 // halted at a snapshot rather than an entry; Err, why it could not be
 // decoded. Match it with errors.As.
 type HaltError = lockerr.HaltError
+
+var (
+	// ErrDeadlock means a Session's wait was refused because it could
+	// never have been granted: it closed a cycle of Sessions, each waiting
+	// for what the next one holds or is queued ahead for. Within one shard
+	// the wait is refused at once; across shards, within about a second of
+	// the cycle closing (docs/LOCKS.md). The error names the cycle by
+	// Session ID. The Session holds what it held before.
+	ErrDeadlock = lockerr.Deadlock
+	// ErrLimitMismatch means a semaphore was asked for with another permit
+	// count than the one its key is in use with; the error names both.
+	ErrLimitMismatch = lockerr.LimitMismatch
+	// ErrKindMismatch means a key in use as one kind of lock (a mutex, a
+	// read/write lock, a semaphore) was asked for as another.
+	ErrKindMismatch = lockerr.KindMismatch
+)
+
+// LockedError is what a refused try (TryLock, TryRLock, TryAcquire,
+// TryLockAll) returns: errors.Is(err, ErrLocked) holds, and errors.As
+// gives the key and, from feature level 3, who held it when it was
+// refused, so "who holds it?" needs no second call. The cluster keeps no
+// wall-clock time, so a holder's age is not known; its token orders it
+// among the key's grants.
+type LockedError struct {
+	Key string
+	// Holders held the key when the try was refused, in grant order; at
+	// most 16. Empty below feature level 3.
+	Holders []Holder
+}
+
+func (e *LockedError) Error() string {
+	if len(e.Holders) == 0 {
+		return fmt.Sprintf("lock %q: %v", e.Key, ErrLocked)
+	}
+	s := fmt.Sprintf("lock %q: %v: held by", e.Key, ErrLocked)
+	for i, h := range e.Holders {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf(" %s (session %x, token %d)", h.Peer, h.Session, h.Token)
+	}
+	return s
+}
+
+// Unwrap returns ErrLocked.
+func (e *LockedError) Unwrap() error { return ErrLocked }
+
+// WaitError is what a waiting lock call (Lock, RLock, RWMutex.Lock,
+// Semaphore.Acquire, LockAll) returns when its ctx ends before the grant:
+// it wraps ctx's error, so errors.Is(err, context.DeadlineExceeded) or
+// context.Canceled holds, and, since the key was not refused,
+// errors.Is(err, ErrLocked) does not. errors.As gives what the wait was
+// behind, as one linearizable read made when ctx ended found it (bounded
+// on its own by a quarter of the session TTL, at most a second, before
+// the wait is withdrawn): the key, its holders and how many waiters were
+// ahead. For a LockAll it names the first key of the shard it waited on
+// that somebody held or waited for. Known is false, and the details
+// empty, when that read did not answer in time.
+type WaitError struct {
+	Key string
+	// Known is true when the key's state was read.
+	Known bool
+	// Holders held the key, in grant order, as for LockedError.
+	Holders []Holder
+	// Ahead is how many waiters were before this one in the key's queue.
+	Ahead int
+	// Err is ctx's error.
+	Err error
+}
+
+func (e *WaitError) Error() string {
+	if !e.Known {
+		return fmt.Sprintf("lock %q: gave up waiting: %v", e.Key, e.Err)
+	}
+	s := fmt.Sprintf("lock %q: gave up waiting: %v; ", e.Key, e.Err)
+	if len(e.Holders) == 0 {
+		s += "no holders"
+	} else {
+		s += "held by"
+		for i, h := range e.Holders {
+			if i > 0 {
+				s += ","
+			}
+			s += fmt.Sprintf(" %s (session %x, token %d)", h.Peer, h.Session, h.Token)
+		}
+	}
+	return s + fmt.Sprintf(", %d waiting ahead", e.Ahead)
+}
+
+// Unwrap returns ctx's error.
+func (e *WaitError) Unwrap() error { return e.Err }
+
+// publicErr turns the client's LockedError and WaitError into node's.
+func publicErr(err error) error {
+	if le, ok := errors.AsType[*lockerr.LockedError](err); ok {
+		return &LockedError{Key: le.Key, Holders: holders(le.Holders)}
+	}
+	if we, ok := errors.AsType[*client.WaitError](err); ok {
+		return &WaitError{Key: we.Key, Known: we.Known, Holders: holders(we.Holders), Ahead: we.Ahead, Err: we.Err}
+	}
+	return err
+}

@@ -1,0 +1,74 @@
+package node
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/lockmesh/lockmesh/internal/client"
+)
+
+// The options of every lock call (LockOption: WithMaxHold) and the
+// feature level the lock family needs. The family beyond the mutex —
+// read/write locks (rwmutex.go), counting semaphores (semaphore.go) and
+// locks over several keys (multilock.go) — is held through a Session with
+// the mutex's guarantees (FIFO queues in the replicated state, the grant
+// in the Raft entry that frees the key, a fencing token per grant, Done
+// and Err per held lock). It needs the cluster at feature level 3: until
+// every peer runs a release that speaks it, it fails with ErrIncompatible
+// and mutexes go on. docs/LOCKS.md says what was chosen where the usual
+// libraries differ.
+
+// familyLevel refuses the lock family below feature level 3: a replica
+// of an older release would halt on its commands.
+func (n *Node) familyLevel(what string) error {
+	if n.labels() {
+		return nil
+	}
+	return fmt.Errorf("%w: %s need feature level %d; the cluster runs at %d until every peer is upgraded (see docs/UPGRADING.md)",
+		ErrIncompatible, what, labelLevel, n.clusterLevel())
+}
+
+// LockOption configures one lock call (Lock, TryLock, RLock, Acquire and
+// their Try forms).
+type LockOption func(*lockOptions)
+
+type lockOptions struct {
+	maxHold time.Duration
+}
+
+// MaxHold is the longest maximum hold WithMaxHold accepts.
+const MaxHold = 24 * time.Hour
+
+// WithMaxHold bounds how long the lock may be held: d after it was asked
+// for (or, for a waiter, after it last saw it was still waiting), the
+// cluster takes it back exactly as if its session had expired, even while
+// the session's keepalives still run, so a process stuck in a loop or a
+// GC spiral cannot hold a key for ever. As with a lost lease, the
+// holder's Done closes first, a margin before (LeaseMargin, or d/10 if
+// that is longer), with Err wrapping ErrLeaseExpired; the release is then
+// sent at once. d must be at least 40 RTT and more than twice
+// LeaseMargin, and at most MaxHold. The session's other locks are not
+// affected. A reentrant re-lock keeps the first lock's maximum. Needs
+// feature level 3.
+func WithMaxHold(d time.Duration) LockOption {
+	return func(o *lockOptions) { o.maxHold = d }
+}
+
+// spec applies opts to spec, checking them against n's config.
+func (n *Node) spec(spec client.Spec, opts []LockOption) (client.Spec, error) {
+	var o lockOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.maxHold == 0 {
+		return spec, nil
+	}
+	if least := max(40*n.cfg.RTT, 2*n.cfg.LeaseMargin+time.Millisecond); o.maxHold < least || o.maxHold > MaxHold {
+		return spec, fmt.Errorf("%w: WithMaxHold(%v): a maximum hold is %v (40 RTT, and more than twice LeaseMargin) to %v", ErrInvalidArgument, o.maxHold, least, MaxHold)
+	}
+	if err := n.familyLevel("maximum hold times"); err != nil {
+		return spec, err
+	}
+	spec.MaxHold = o.maxHold
+	return spec, nil
+}
