@@ -30,5 +30,6 @@
 // memberlist's own logging is routed through the [log/slog] logger from
 // [Config.Logger]; the package never writes to stdout or stderr.
 //
-// mesh imports no other lockmesh package.
+// Of lockmesh, mesh imports only internal/throttle (its rate-limited
+// warnings): nothing of the lock state, the Raft side or node.
 package mesh
