@@ -147,6 +147,25 @@ func TestLockFamilyThroughTheAPI(t *testing.T) {
 		default:
 			t.Fatal("Done open after Unlock")
 		}
+
+		// Done closes when any one of the locks ends, for a caller
+		// already waiting on it.
+		m, err = sa.LockAll(ctx, "{o}/a", k1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := m.Done()
+		if err := m.Locks()[1].Release(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Fatal("MultiLock's Done stayed open after one of its locks was released")
+		}
+		if err := m.Locks()[0].Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("reentrant", func(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"reflect"
 	"slices"
 	"sync"
 
@@ -35,14 +34,10 @@ func (m *MultiLock) Locks() []*Lock { return slices.Clone(m.locks) }
 func (m *MultiLock) Done() <-chan struct{} {
 	m.doneOnce.Do(func() {
 		m.done = make(chan struct{})
-		cases := make([]reflect.SelectCase, len(m.locks))
-		for i, l := range m.locks {
-			cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.Done())}
+		var once sync.Once
+		for _, l := range m.locks {
+			l.h.AfterDone(func() { once.Do(func() { close(m.done) }) })
 		}
-		go func() {
-			reflect.Select(cases) // every lock ends, at the latest with its node
-			close(m.done)
-		}()
 	})
 	// Each lock's Done checks its lease against the clock; so does this.
 	for _, l := range m.locks {

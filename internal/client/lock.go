@@ -34,10 +34,11 @@ type Held struct {
 	// acquire of the key waits for it), or the session is lost.
 	unlisted chan struct{}
 
-	once sync.Once
-	done chan struct{}
-	mu   sync.Mutex
-	err  error
+	once  sync.Once
+	done  chan struct{}
+	mu    sync.Mutex
+	err   error
+	after []func() // AfterDone's, run once done closes; guarded by mu
 }
 
 // newHeld records the grant of attempt req on key; if the session was
@@ -263,10 +264,31 @@ func (h *Held) claim(err error) (won bool) {
 		won = true
 		h.mu.Lock()
 		h.err = err
-		h.mu.Unlock()
 		close(h.done)
+		after := h.after
+		h.after = nil
+		h.mu.Unlock()
+		for _, f := range after {
+			f()
+		}
 	})
 	return won
+}
+
+// AfterDone runs f once Done has closed, at once if it has: a holder of
+// several locks (node.MultiLock) learns of the first to end without a
+// goroutine per lock. f must not block.
+func (h *Held) AfterDone(f func()) {
+	h.mu.Lock()
+	select {
+	case <-h.done:
+		h.mu.Unlock()
+		f()
+		return
+	default:
+	}
+	h.after = append(h.after, f)
+	h.mu.Unlock()
 }
 
 // heldErr is the error Unlock and Release return for a lock that is no
