@@ -3,6 +3,7 @@ package node
 import (
 	"testing"
 
+	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -17,8 +18,8 @@ func TestDescribeNamesStatus(t *testing.T) {
 		{lockfsm.Result{Status: lockfsm.StatusStaleTerm}, "status StaleTerm"},
 		{lockfsm.Result{Status: lockfsm.StatusCancelled}, "status Cancelled"},
 	} {
-		if got := describe(c.res); got != c.want {
-			t.Errorf("describe(%+v) = %q, want %q", c.res, got, c.want)
+		if got := client.Describe(c.res); got != c.want {
+			t.Errorf("client.Describe(%+v) = %q, want %q", c.res, got, c.want)
 		}
 	}
 }

@@ -371,7 +371,7 @@ func TestHostileConcurrentSessionFloods(t *testing.T) {
 			// The check where a flood is accepted refuses it whole once
 			// the others have committed: an early refusal.
 			continue
-		case retryable(ans.err):
+		case router.Retryable(ans.err):
 			// Its outcome is unknown: the replicas' count below covers it.
 			t.Logf("a flood via %s: %v", ans.via, ans.err)
 			continue

@@ -153,10 +153,6 @@ func (n *Node) callPeerName(ctx context.Context, name string, method uint8, body
 	return n.peers.Call(ctx, addr, method, body)
 }
 
-// busyErr turns a retryable error of shard into codeBusy, so that the
-// calling peer retries; other errors and nil pass through.
-func busyErr(shard uint64, err error) error { return cluster.Busy(shard, err) }
-
 // Leave moves this peer out of the cluster gracefully: it asks for its
 // replicas and leaderships to be moved to other peers, waits until they
 // are (the cluster never drops below the replication factor, so this needs

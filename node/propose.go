@@ -74,10 +74,6 @@ func (n *Node) apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lo
 // proposalTimeout bounds one try of a proposal or read.
 func (n *Node) proposalTimeout() time.Duration { return n.router.ProposalTimeout() }
 
-// retryable reports whether an error leaves the outcome unknown or says
-// "not now": the same command may be sent again.
-func retryable(err error) bool { return router.Retryable(err) }
-
 // read answers a query linearizably (router.Router.Read).
 func (n *Node) read(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
 	return n.router.Read(ctx, shard, q)

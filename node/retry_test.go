@@ -8,6 +8,9 @@ import (
 
 	"github.com/lni/dragonboat/v4"
 
+	"github.com/lockmesh/lockmesh/internal/cluster"
+	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -125,17 +128,17 @@ func TestRetryableErrors(t *testing.T) {
 	for _, err := range []error{
 		dragonboat.ErrShardClosed,
 		fmt.Errorf("propose: %w", dragonboat.ErrShardClosed),
-		busyErr(3, dragonboat.ErrShardClosed),
+		cluster.Busy(3, dragonboat.ErrShardClosed),
 		dragonboat.ErrShardNotFound,
 		dragonboat.ErrTimeout,
-		rpcError(codeNotHosted, "moved"),
+		rpcError(lockerr.CodeNotHosted, "moved"),
 	} {
-		if !retryable(err) {
+		if !router.Retryable(err) {
 			t.Errorf("%v: not retryable", err)
 		}
 	}
 	for _, err := range []error{ErrClosed, ErrInvalidKey, errors.New("corrupt entry")} {
-		if retryable(err) {
+		if router.Retryable(err) {
 			t.Errorf("%v: retryable", err)
 		}
 	}

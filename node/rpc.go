@@ -39,10 +39,7 @@ const (
 
 // Application error codes carried in transport.Error (see internal/lockerr).
 const (
-	codeNotHosted    = lockerr.CodeNotHosted
 	codeBusy         = lockerr.CodeBusy
-	codeRejected     = lockerr.CodeRejected
-	codeNoCluster    = lockerr.CodeNoCluster
 	codeClosed       = lockerr.CodeClosed
 	codeIncompatible = lockerr.CodeIncompatible
 	codeForbidden    = lockerr.CodeForbidden

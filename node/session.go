@@ -303,7 +303,3 @@ func (n *Node) defaultSession(shard uint64) (*client.Owner, error) {
 // waiters at once; orphaned ones are left to their TTL. Used by Close;
 // bounded by a few RTTs per shard.
 func (n *Node) closeSessions() { n.client.Close(n.ctx) }
-
-// describe names an unexpected result for an error text or a log line,
-// by status name ("Invalid"), not number.
-func describe(r lockfsm.Result) string { return client.Describe(r) }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/replica"
+	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -68,7 +69,7 @@ func TestReplicaStopsOnEntryItCannotDecode(t *testing.T) {
 		if err == nil && r.Value == replica.ResultHalted || p1.haltedShard(bad) != nil {
 			break
 		}
-		if err == nil || !retryable(err) || time.Now().After(deadline) {
+		if err == nil || !router.Retryable(err) || time.Now().After(deadline) {
 			t.Fatalf("proposing an unreadable entry: %+v %v", r, err)
 		}
 		t.Logf("proposal of the unreadable entry not committed (%v); proposing it again", err)
@@ -216,7 +217,7 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if !retryable(err) || time.Now().After(deadline) {
+		if !router.Retryable(err) || time.Now().After(deadline) {
 			t.Fatal(err)
 		}
 	}
