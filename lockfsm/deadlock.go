@@ -241,14 +241,7 @@ func (p *deadlockPlay) closure() bool {
 				continue
 			}
 			filled[sess.id] = true
-			var waits []uint64
-			for req, at := range sess.reqs {
-				if at.state == ReqWaiting {
-					waits = append(waits, req)
-				}
-			}
-			slices.Sort(waits)
-			for _, req := range waits {
+			for _, req := range sess.reqsIn(ReqWaiting) {
 				if p.key(sess.reqs[req].key) == nil {
 					return false
 				}

@@ -145,14 +145,7 @@ func waitsForever(t *testing.T, s *State, unit []Command) (queued, stuck bool) {
 			if blocked(sess) {
 				continue
 			}
-			var held []uint64
-			for req, at := range sess.reqs {
-				if at.state == ReqHeld {
-					held = append(held, req)
-				}
-			}
-			slices.Sort(held)
-			for _, req := range held {
+			for _, req := range sess.reqsIn(ReqHeld) {
 				apply(rel(id, req))
 				moved = true
 			}
@@ -196,16 +189,7 @@ func deadlockRun(t *testing.T, seed uint64, steps int, refused *int) error {
 		}
 		return cmd
 	}
-	live := func(sess uint64, state ReqState) []uint64 {
-		var reqs []uint64
-		for req, at := range c.s.sessions[sess].reqs {
-			if at.state == state {
-				reqs = append(reqs, req)
-			}
-		}
-		slices.Sort(reqs)
-		return reqs
-	}
+	live := func(sess uint64, state ReqState) []uint64 { return c.s.sessions[sess].reqsIn(state) }
 	for step := range steps {
 		sess := uint64(1 + r.IntN(sessions))
 		var unit []Command

@@ -401,6 +401,20 @@ type session struct {
 	terminal []uint64
 }
 
+// reqsIn returns the request ids of the session's attempts in state, in
+// ascending order, so that what is done with them is the same on every
+// replica.
+func (sess *session) reqsIn(state ReqState) []uint64 {
+	var reqs []uint64
+	for req, at := range sess.reqs {
+		if at.state == state {
+			reqs = append(reqs, req)
+		}
+	}
+	slices.Sort(reqs)
+	return reqs
+}
+
 // finish records that the attempt req has reached a terminal state.
 func (sess *session) finish(req uint64, at *attempt, state ReqState) {
 	at.state = state

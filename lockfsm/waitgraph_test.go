@@ -113,14 +113,7 @@ func crossOracle(t *testing.T, p *shardPair, labels int) []string {
 				continue
 			}
 			for i, s := range c.s {
-				var held []uint64
-				for req, at := range s.sessions[l].reqs {
-					if at.state == ReqHeld {
-						held = append(held, req)
-					}
-				}
-				slices.Sort(held)
-				for _, req := range held {
+				for _, req := range s.sessions[l].reqsIn(ReqHeld) {
 					c.apply(t, i, rel(l, req))
 					moved = true
 				}
@@ -195,25 +188,12 @@ func crossShardRuns(t *testing.T, seeds uint64) (found int, err error) {
 				}
 				p.apply(t, shard, cmd)
 			case op < 9:
-				var held []uint64
-				for req, at := range s.sessions[l].reqs {
-					if at.state == ReqHeld {
-						held = append(held, req)
-					}
-				}
-				if len(held) > 0 {
-					slices.Sort(held)
+				if held := s.sessions[l].reqsIn(ReqHeld); len(held) > 0 {
 					p.apply(t, shard, rel(l, held[r.IntN(len(held))]))
 				}
 			default:
-				var waiting []uint64
-				for req, at := range s.sessions[l].reqs {
-					if at.state == ReqWaiting {
-						waiting = append(waiting, req)
-					}
-				}
-				if len(waiting) > 0 {
-					p.apply(t, shard, cancel(l, slices.Min(waiting)))
+				if waiting := s.sessions[l].reqsIn(ReqWaiting); len(waiting) > 0 {
+					p.apply(t, shard, cancel(l, waiting[0]))
 				}
 			}
 			got := StuckWaits(p.waits(t))
