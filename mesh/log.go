@@ -4,13 +4,20 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
 )
 
 // slogWriter turns memberlist's *log.Logger output ("[LEVEL] memberlist: msg")
 // into slog records, so nothing reaches stderr.
 type slogWriter struct {
 	log *slog.Logger
+	// closing is set once the Mesh starts to close (nil: never).
+	// memberlist shuts its transport down before it marks itself shut
+	// down, so a gossip round in between fails to send on its own closed
+	// socket and logs that at ERROR: expected then, and logged at Debug.
+	closing *atomic.Bool
 }
 
 // Write handles one or more newline-terminated lines. It never fails, so
@@ -29,6 +36,9 @@ func (w slogWriter) Write(p []byte) (int, error) {
 			w.log.Warn("mesh: gossip key mismatch: a peer's message cannot be read (its SecretKey differs from this peer's, or one of them has none)",
 				"component", "memberlist", "from", from, "detail", msg)
 			continue
+		}
+		if w.closing != nil && w.closing.Load() && strings.Contains(msg, net.ErrClosed.Error()) {
+			level = slog.LevelDebug
 		}
 		if strings.Contains(msg, ErrIncompatible.Error()) {
 			// Mesh.admit already warned, rate-limited; memberlist repeats

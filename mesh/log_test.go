@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -103,6 +104,28 @@ func TestKeyMismatchLoggedAsSuch(t *testing.T) {
 		})
 		if r.Level != slog.LevelWarn || !strings.Contains(r.Message, "gossip key mismatch") || from != "127.0.0.1:4242" {
 			t.Errorf("%q logged as %v %q from %q; want a warning about a gossip key mismatch from 127.0.0.1:4242", line, r.Level, r.Message, from)
+		}
+	}
+}
+
+// memberlist shuts its transport down before it marks itself shut down,
+// so a gossip round in between logs a send on its own closed socket at
+// ERROR. Once the Mesh is closing that line is Debug; before, it stays
+// an error, as any other failed send.
+func TestSendOnClosedSocketWhileClosingIsDebug(t *testing.T) {
+	const line = "[ERR] memberlist: Failed to send gossip to 127.0.0.1:41813: write udp 127.0.0.1:41605->127.0.0.1:41813: use of closed network connection"
+	var closing atomic.Bool
+	for _, tc := range []struct {
+		closing bool
+		want    slog.Level
+	}{{false, slog.LevelError}, {true, slog.LevelDebug}} {
+		closing.Store(tc.closing)
+		h := &captureHandler{}
+		if _, err := (slogWriter{log: slog.New(h), closing: &closing}).Write([]byte(line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		if len(h.records) != 1 || h.records[0].Level != tc.want {
+			t.Errorf("closing %v: %+v, want one record at %v", tc.closing, h.records, tc.want)
 		}
 	}
 }

@@ -72,6 +72,9 @@ type Mesh struct {
 	viewClosed bool
 	leaving    map[string]struct{} // members (in view) that announced Leave
 
+	// closing is set when Close begins (see slogWriter).
+	closing atomic.Bool
+
 	// closeMu orders Join's WaitGroup.Add before Close's Wait.
 	closeMu sync.RWMutex
 	closed  bool
@@ -168,7 +171,7 @@ func Create(cfg Config) (*Mesh, error) {
 	mc.Alive = admitDelegate{m}
 	mc.Merge = admitDelegate{m}
 	mc.LogOutput = nil
-	mc.Logger = log.New(slogWriter{logger}, "", 0)
+	mc.Logger = log.New(slogWriter{log: logger, closing: &m.closing}, "", 0)
 
 	inner := cfg.Transport
 	if inner == nil {
@@ -459,6 +462,7 @@ func (m *Mesh) Close() error {
 	m.closed = true
 	m.closeMu.Unlock()
 
+	m.closing.Store(true)
 	err := m.list.Shutdown()
 	m.joins.Wait()
 	m.closeView()
