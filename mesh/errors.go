@@ -21,7 +21,7 @@ var (
 	ErrBadMeta = errors.New("mesh: malformed metadata")
 
 	// ErrIncompatible is wrapped by the error that refuses a peer whose
-	// protocol versions ([Meta.MinVersion] to [Meta.Version]) have none in
+	// feature levels ([Meta.MinLevel] to [Meta.MaxLevel]) have none in
 	// common with this peer's, or do not include the cluster's level (see
 	// [Mesh.SetLevel]). The message names the peer and both ranges;
 	// upgrade the older peer.

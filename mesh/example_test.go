@@ -15,7 +15,7 @@ func ExampleCreate() {
 		Name:     "a",
 		BindAddr: "127.0.0.1:0",
 		Local:    true,
-		Meta:     mesh.Meta{NodeHostID: "nh-a", RaftAddr: "127.0.0.1:7001", Version: 1},
+		Meta:     mesh.Meta{NodeHostID: "nh-a", RaftAddr: "127.0.0.1:7001", MaxLevel: 1},
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -26,7 +26,7 @@ func ExampleCreate() {
 		Name:     "b",
 		BindAddr: "127.0.0.1:0",
 		Local:    true,
-		Meta:     mesh.Meta{NodeHostID: "nh-b", RaftAddr: "127.0.0.1:7002", Version: 1},
+		Meta:     mesh.Meta{NodeHostID: "nh-b", RaftAddr: "127.0.0.1:7002", MaxLevel: 1},
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -61,7 +61,7 @@ func ExampleReplicas() {
 }
 
 func ExampleEncodeMeta() {
-	b, err := mesh.EncodeMeta(mesh.Meta{NodeHostID: "nh-1", RaftAddr: "10.0.0.5:7947", RPCAddr: "10.0.0.5:7948", Version: 1})
+	b, err := mesh.EncodeMeta(mesh.Meta{NodeHostID: "nh-1", RaftAddr: "10.0.0.5:7947", RPCAddr: "10.0.0.5:7948", MaxLevel: 1})
 	if err != nil {
 		fmt.Println(err)
 		return

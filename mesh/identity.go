@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/level"
 )
 
 // A NodeHostID names the NodeHost that Raft messages for it must reach,
@@ -169,13 +171,13 @@ func (m *Mesh) endReservation(id, name string, r *reservation) {
 // promote admits the member refused longest ago for NodeHostID id, which
 // nobody holds now, that speaks the cluster's level. viewMu must be held.
 func (m *Mesh) promote(id, formerHolder string) {
-	level := uint8(m.level.Load())
+	lvl := level.Level(m.level.Load())
 	var next *refusal
 	for _, r := range m.refused {
 		if r.mem.Meta.NodeHostID != id {
 			continue
 		}
-		if lo, hi := r.mem.Meta.Versions(); level != 0 && (level < lo || level > hi) {
+		if lo, hi := r.mem.Meta.Levels(); lvl != 0 && (lvl < lo || lvl > hi) {
 			continue
 		}
 		if next == nil || r.seq < next.seq {

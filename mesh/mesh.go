@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/lni/dragonboat/v4/config"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/throttle"
 )
 
@@ -658,25 +659,25 @@ func (e eventDelegate) NotifyUpdate(n *memberlist.Node) { e.m.observe(n, false) 
 // peer's. Members already in the view that do not speak it leave the view
 // (an EventLeave each), so nothing resolves to them any more; memberlist
 // refuses their later alive messages.
-func (m *Mesh) SetLevel(level uint8) {
-	if uint32(level) == m.level.Swap(uint32(level)) {
+func (m *Mesh) SetLevel(l level.Level) {
+	if uint32(l) == m.level.Swap(uint32(l)) {
 		return
 	}
 	m.viewMu.Lock()
 	defer m.viewMu.Unlock()
 	for name, mem := range m.view {
-		lo, hi := mem.Meta.Versions()
-		if name == m.cfg.Name || (lo <= level && level <= hi) {
+		lo, hi := mem.Meta.Levels()
+		if name == m.cfg.Name || (lo <= l && l <= hi) {
 			continue
 		}
 		m.log.Warn("mesh: dropping a member that does not speak the cluster's level", "member", name,
-			"speaks", fmt.Sprintf("%d to %d", lo, hi), "level", level)
+			"speaks", fmt.Sprintf("%d to %d", lo, hi), "level", l)
 		m.depart(mem)
 		mem.State = StateLeft
 		m.push(Event{Kind: EventLeave, Member: mem})
 	}
 	for name, r := range m.refused {
-		if lo, hi := r.mem.Meta.Versions(); level < lo || level > hi {
+		if lo, hi := r.mem.Meta.Levels(); l < lo || l > hi {
 			delete(m.refused, name)
 		}
 	}
@@ -693,15 +694,15 @@ func (m *Mesh) admit(name string, raw []byte) error {
 	if err != nil {
 		return nil // observe ignores it, with its own warning
 	}
-	lo, hi := meta.Versions()
+	lo, hi := meta.Levels()
 	var reason string
-	if level := uint8(m.level.Load()); level != 0 {
-		if level < lo || level > hi {
-			reason = fmt.Sprintf("peer %s speaks protocol versions %d to %d, but the cluster runs at level %d: upgrade it (see docs/UPGRADING.md)", name, lo, hi, level)
+	if lvl := level.Level(m.level.Load()); lvl != 0 {
+		if lvl < lo || lvl > hi {
+			reason = fmt.Sprintf("peer %s speaks protocol versions %d to %d, but the cluster runs at level %d: upgrade it (see docs/UPGRADING.md)", name, lo, hi, lvl)
 		}
 	} else {
 		m.metaMu.Lock()
-		ownLo, ownHi := m.meta.Versions()
+		ownLo, ownHi := m.meta.Levels()
 		m.metaMu.Unlock()
 		if hi < ownLo || lo > ownHi {
 			reason = fmt.Sprintf("peer %s speaks protocol versions %d to %d, this peer %d to %d: none in common; upgrade the older one (see docs/UPGRADING.md)", name, lo, hi, ownLo, ownHi)

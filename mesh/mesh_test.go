@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/lockmesh/lockmesh/internal/level"
 )
 
 // recorder collects OnEvent calls.
@@ -43,7 +45,7 @@ func (r *recorder) find(kind EventKind, name string) (Event, bool) {
 }
 
 func testMeta(name string) Meta {
-	return Meta{NodeHostID: "nh-" + name, RaftAddr: "raft-" + name + ":1", RPCAddr: "rpc-" + name + ":2", Version: 1}
+	return Meta{NodeHostID: "nh-" + name, RaftAddr: "raft-" + name + ":1", RPCAddr: "rpc-" + name + ":2", MaxLevel: 1}
 }
 
 // startMesh creates a loopback peer that Close()s at test end.
@@ -499,10 +501,10 @@ func TestCustomTransport(t *testing.T) {
 
 // startMeshVersions starts a loopback peer that speaks protocol versions
 // lo to hi.
-func startMeshVersions(t *testing.T, name string, lo, hi uint8) *Mesh {
+func startMeshVersions(t *testing.T, name string, lo, hi level.Level) *Mesh {
 	t.Helper()
 	meta := testMeta(name)
-	meta.MinVersion, meta.Version = lo, hi
+	meta.MinLevel, meta.MaxLevel = lo, hi
 	m, err := Create(Config{Name: name, BindAddr: "127.0.0.1:0", Meta: meta, Local: true})
 	if err != nil {
 		t.Fatalf("Create(%s): %v", name, err)

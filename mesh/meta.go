@@ -7,6 +7,8 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/lockmesh/lockmesh/internal/level"
 )
 
 const (
@@ -42,9 +44,9 @@ type Meta struct {
 	RaftAddr string
 	// RPCAddr is the host:port of the peer's lockmesh transport.
 	RPCAddr string
-	// Version is the newest lockmesh protocol version (cluster feature
-	// level) the peer speaks.
-	Version uint8
+	// MaxLevel is the newest feature level (internal/level) the peer
+	// speaks. A peer from before levels gossips 1 here.
+	MaxLevel level.Level
 	// NoReplicas marks a peer that never hosts replicas (a client-only
 	// peer): it forwards its requests to peers that do. Optional sixth
 	// field; peers that predate it read it as false.
@@ -57,20 +59,20 @@ type Meta struct {
 	// Cluster is 0 until the peer belongs to a bootstrapped cluster, then
 	// that cluster's id.
 	Cluster uint64
-	// MinVersion is the oldest protocol version the peer still speaks: it
-	// speaks every version from MinVersion to Version. Optional eighth
-	// field; a peer that predates it speaks only its Version, and its Meta
-	// decodes with MinVersion equal to Version.
-	MinVersion uint8
+	// MinLevel is the oldest feature level the peer still speaks: it
+	// speaks every level from MinLevel to MaxLevel. Optional eighth field;
+	// a peer that predates it speaks only its MaxLevel, and its Meta
+	// decodes with MinLevel equal to MaxLevel.
+	MinLevel level.Level
 }
 
-// Versions returns the range of protocol versions m speaks, lo to hi.
-func (m Meta) Versions() (lo, hi uint8) {
-	lo = m.MinVersion
-	if lo == 0 || lo > m.Version {
-		lo = m.Version
+// Levels returns the range of feature levels m speaks, lo to hi.
+func (m Meta) Levels() (lo, hi level.Level) {
+	lo = m.MinLevel
+	if lo == 0 || lo > m.MaxLevel {
+		lo = m.MaxLevel
 	}
-	return lo, m.Version
+	return lo, m.MaxLevel
 }
 
 // EncodeMeta encodes m for gossip. It fails with [ErrMetaTooLarge] when a
@@ -95,11 +97,11 @@ func EncodeMeta(m Meta) ([]byte, error) {
 	_ = enc.EncodeString(m.NodeHostID)
 	_ = enc.EncodeString(m.RaftAddr)
 	_ = enc.EncodeString(m.RPCAddr)
-	_ = enc.EncodeUint(uint64(m.Version))
+	_ = enc.EncodeUint(uint64(m.MaxLevel))
 	_ = enc.EncodeUint(m.Cluster)
 	_ = enc.EncodeBool(m.NoReplicas)
 	_ = enc.EncodeBool(m.JoinOnly)
-	_ = enc.EncodeUint(uint64(m.MinVersion))
+	_ = enc.EncodeUint(uint64(m.MinLevel))
 	if buf.Len() > MaxMetaSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMetaTooLarge, buf.Len(), MaxMetaSize)
 	}
@@ -143,9 +145,9 @@ func DecodeMeta(b []byte) (Meta, error) {
 	}
 	v, err := decodeMetaUint(dec)
 	if err != nil || v > 0xff {
-		return Meta{}, fmt.Errorf("%w: Version: %v (value %d)", ErrBadMeta, err, v)
+		return Meta{}, fmt.Errorf("%w: MaxLevel: %v (value %d)", ErrBadMeta, err, v)
 	}
-	m.Version = uint8(v)
+	m.MaxLevel = level.Level(v)
 	if m.Cluster, err = decodeMetaUint(dec); err != nil {
 		return Meta{}, fmt.Errorf("%w: Cluster: %v", ErrBadMeta, err)
 	}
@@ -162,13 +164,13 @@ func DecodeMeta(b []byte) (Meta, error) {
 		}
 		known++
 	}
-	m.MinVersion = m.Version
+	m.MinLevel = m.MaxLevel
 	if n > metaFields+2 {
 		v, err := decodeMetaUint(dec)
 		if err != nil || v > 0xff {
-			return Meta{}, fmt.Errorf("%w: MinVersion: %v (value %d)", ErrBadMeta, err, v)
+			return Meta{}, fmt.Errorf("%w: MinLevel: %v (value %d)", ErrBadMeta, err, v)
 		}
-		m.MinVersion = uint8(v)
+		m.MinLevel = level.Level(v)
 		known++
 	}
 	for i := known; i < n; i++ {

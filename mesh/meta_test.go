@@ -14,8 +14,8 @@ func TestMetaRoundTrip(t *testing.T) {
 	long := strings.Repeat("x", MaxMetaStringLen)
 	for _, m := range []Meta{
 		{},
-		{NodeHostID: "3f2a1c9e-8d7b-4c6a-9e5f-1b2c3d4e5f60", RaftAddr: "10.0.0.5:7947", RPCAddr: "10.0.0.5:7948", Version: 1, Cluster: 42},
-		{Version: 255, Cluster: ^uint64(0)},
+		{NodeHostID: "3f2a1c9e-8d7b-4c6a-9e5f-1b2c3d4e5f60", RaftAddr: "10.0.0.5:7947", RPCAddr: "10.0.0.5:7948", MaxLevel: 1, Cluster: 42},
+		{MaxLevel: 255, Cluster: ^uint64(0)},
 		{NodeHostID: long, RaftAddr: "a:1", RPCAddr: "b:2"},
 	} {
 		b, err := EncodeMeta(m)
@@ -76,7 +76,7 @@ func TestDecodeMetaForwardCompatible(t *testing.T) {
 	if err != nil {
 		t.Fatalf("DecodeMeta with appended fields: %v", err)
 	}
-	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, MinVersion: 2, Cluster: 7, NoReplicas: true, JoinOnly: true}); got != want {
+	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", MaxLevel: 3, MinLevel: 2, Cluster: 7, NoReplicas: true, JoinOnly: true}); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
@@ -87,7 +87,7 @@ func TestDecodeMetaSixFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, MinVersion: 3, Cluster: 7, NoReplicas: true}); got != want {
+	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", MaxLevel: 3, MinLevel: 3, Cluster: 7, NoReplicas: true}); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
@@ -98,13 +98,13 @@ func TestDecodeMetaFiveFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 3, MinVersion: 3, Cluster: 7}); got != want {
+	if want := (Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", MaxLevel: 3, MinLevel: 3, Cluster: 7}); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }
 
 func TestDecodeMetaRejectsGarbage(t *testing.T) {
-	good, err := EncodeMeta(Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", Version: 1, Cluster: 9})
+	good, err := EncodeMeta(Meta{NodeHostID: "id", RaftAddr: "r:1", RPCAddr: "p:2", MaxLevel: 1, Cluster: 9})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestDecodeMetaRejectsGarbage(t *testing.T) {
 // FuzzDecodeMeta checks that DecodeMeta never panics and that whatever it
 // accepts re-encodes to something that decodes to the same Meta.
 func FuzzDecodeMeta(f *testing.F) {
-	for _, m := range []Meta{{}, {NodeHostID: "id", RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", Version: 1, Cluster: 1 << 40}} {
+	for _, m := range []Meta{{}, {NodeHostID: "id", RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", MaxLevel: 1, Cluster: 1 << 40}} {
 		b, err := EncodeMeta(m)
 		if err != nil {
 			f.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -68,7 +69,7 @@ func (h routerHost) Authorize(ctx context.Context, shard uint64, cmds []lockfsm.
 	// handle has applied checkKnown to every request before it reaches
 	// ServePropose: what is left are the command rules. The commands join
 	// an entry this peer writes, which marks their OpenSessions Capped
-	// from capsLevel on (router.Config.CapSessions): they need not come
+	// from the level that caps sessions (level.CapsSessions): they need not come
 	// marked.
 	if err := n.fitsLevel(cmds); err != nil {
 		// This peer's view of the level may lag a raise the caller has
@@ -83,13 +84,13 @@ func (h routerHost) Authorize(ctx context.Context, shard uint64, cmds []lockfsm.
 // as this peer knows it, does not have yet: a replica of an older
 // release would halt on them.
 func (n *Node) fitsLevel(cmds []lockfsm.Command) error {
-	level := n.clusterLevel()
-	if level >= 3 {
+	l := n.clusterLevel()
+	if l >= level.Family {
 		return nil
 	}
 	for i := range cmds {
 		if cmds[i].Level3() {
-			return fmt.Errorf("%w: %s uses feature level 3; the cluster is at level %d, which not every replica may read", authz.ErrForbidden, cmds[i].Op, level)
+			return fmt.Errorf("%w: %s uses feature level 3; the cluster is at level %d, which not every replica may read", authz.ErrForbidden, cmds[i].Op, l)
 		}
 	}
 	return nil
@@ -98,10 +99,10 @@ func (n *Node) fitsLevel(cmds []lockfsm.Command) error {
 // shardSessions is the local replica's view of shard's sessions, read
 // without a Raft round (replica.Sessions), for commands that reach the
 // shard as they were written (proposed over the Raft port): from
-// capsLevel on, their OpenSessions must be marked Capped, as every peer
+// the level that caps sessions on, their OpenSessions must be marked Capped, as every peer
 // at that level marks them, or they would escape the session caps.
 func (n *Node) shardSessions(shard uint64) authz.Sessions {
-	return replica.Sessions{Shard: shard, Read: n.nh.StaleRead, RequireCapped: n.clusterLevel() >= capsLevel}
+	return replica.Sessions{Shard: shard, Read: n.nh.StaleRead, RequireCapped: n.clusterLevel().CapsSessions()}
 }
 
 // knownConn is the RPC server's transport.Config.Known, asked once a

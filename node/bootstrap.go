@@ -2,6 +2,7 @@ package node
 
 import (
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -32,7 +33,7 @@ func (n *Node) localMeta() mesh.Meta {
 // baseMeta is what this peer gossips about itself before it belongs to a
 // cluster.
 func (n *Node) baseMeta() mesh.Meta {
-	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), MinVersion: minLevel, Version: n.topLevel(), NoReplicas: n.cfg.NoReplicas,
+	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), MinLevel: level.Min, MaxLevel: n.topLevel(), NoReplicas: n.cfg.NoReplicas,
 		JoinOnly: n.cfg.BootstrapExpect == 0}
 	if n.nh != nil {
 		m.NodeHostID = n.nh.ID()

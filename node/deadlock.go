@@ -56,7 +56,7 @@ func (n *Node) deadlockLoop() {
 // cross-shard cycles, and returns how many it refused.
 func (n *Node) checkCrossShard(ctx context.Context) int {
 	waits := n.client.Waits().Older(time.Now().Add(-deadlockProbe))
-	if len(waits) == 0 || !n.labels() {
+	if len(waits) == 0 || !n.clusterLevel().HasLockFamily() {
 		return 0
 	}
 	mine := map[client.WaiterKey]bool{}

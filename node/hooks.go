@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/lni/dragonboat/v4/config"
 
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -41,7 +42,7 @@ type testHooks struct {
 	// holdLevel, when set, makes this peer play a release whose newest
 	// feature level is holdLevel: it gossips that as its newest version and
 	// its replicas halt on entries of newer formats (mixed-version tests).
-	holdLevel uint8
+	holdLevel level.Level
 	// holdSnapshot, when set, makes this peer's lock replicas load
 	// snapshots of formats up to holdSnapshot only, as a release that does
 	// not know newer ones: they halt on any other (mixed-version tests).

@@ -15,6 +15,7 @@ import (
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
@@ -66,7 +67,7 @@ func (a *attacker) call(p *testPeer, method uint8, body []byte) ([]byte, error) 
 // without a replica does, and returns the transport's answer.
 func (a *attacker) propose(p *testPeer, shard uint64, cmds ...lockfsm.Command) error {
 	a.t.Helper()
-	raw, err := lockfsm.EncodeCommandsFormat(commandFormat(p.node.clusterLevel()), cmds)
+	raw, err := lockfsm.EncodeCommandsFormat(p.node.clusterLevel().CommandFormat(), cmds)
 	if err != nil {
 		a.t.Fatal(err)
 	}
@@ -333,7 +334,7 @@ func TestHostileConcurrentSessionFloods(t *testing.T) {
 	for i := range flood {
 		flood[i] = lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "flood", TTLMillis: 60_000}
 	}
-	raw, err := lockfsm.EncodeCommandsFormat(commandFormat(peers[0].node.clusterLevel()), flood)
+	raw, err := lockfsm.EncodeCommandsFormat(peers[0].node.clusterLevel().CommandFormat(), flood)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,11 +417,11 @@ func TestHostileConcurrentSessionFloods(t *testing.T) {
 // an unmarked one is refused there: it would escape the session caps on
 // apply. Below that level nothing is marked, and nothing need be.
 func TestRaftProposalsMustMarkOpenSessions(t *testing.T) {
-	for _, level := range []uint8{capsLevel - 1, capsLevel} {
-		peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 2, hook: func(h *testHooks) { h.holdLevel = level }})
+	for _, lvl := range []level.Level{level.Family - 1, level.Family} {
+		peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 2, hook: func(h *testHooks) { h.holdLevel = lvl }})
 		n := peers[0].node
-		if got := n.clusterLevel(); got != level {
-			t.Fatalf("the cluster runs at level %d, want %d", got, level)
+		if got := n.clusterLevel(); got != lvl {
+			t.Fatalf("the cluster runs at level %d, want %d", got, lvl)
 		}
 		shard, port := n.placement.Load().ShardOf("x"), raftPeers{n}
 		open := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "local", TTLMillis: 1000}
@@ -430,12 +431,12 @@ func TestRaftProposalsMustMarkOpenSessions(t *testing.T) {
 		}
 		err = port.Proposal(authz.Caller{}, shard, unmarked)
 		switch {
-		case level >= capsLevel && !errors.Is(err, authz.ErrForbidden):
-			t.Errorf("level %d: an unmarked OpenSession over the Raft port: %v, want it refused", level, err)
-		case level < capsLevel && err != nil:
-			t.Errorf("level %d: an unmarked OpenSession over the Raft port: %v, want it accepted", level, err)
+		case lvl.CapsSessions() && !errors.Is(err, authz.ErrForbidden):
+			t.Errorf("level %d: an unmarked OpenSession over the Raft port: %v, want it refused", lvl, err)
+		case !lvl.CapsSessions() && err != nil:
+			t.Errorf("level %d: an unmarked OpenSession over the Raft port: %v, want it accepted", lvl, err)
 		}
-		if level < capsLevel {
+		if !lvl.CapsSessions() {
 			continue
 		}
 		open.Capped = true
@@ -444,7 +445,7 @@ func TestRaftProposalsMustMarkOpenSessions(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := port.Proposal(authz.Caller{}, shard, marked); err != nil {
-			t.Errorf("level %d: a marked OpenSession over the Raft port: %v", level, err)
+			t.Errorf("level %d: a marked OpenSession over the Raft port: %v", lvl, err)
 		}
 	}
 }

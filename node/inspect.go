@@ -60,7 +60,7 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	}
 	shard := p.ShardOf(key)
 	info := KeyInfo{Key: key, Shard: shard}
-	q := replica.Query{Kind: replica.QueryKey, Key: key, Ages: n.clusterLevel() >= traceLevel}
+	q := replica.Query{Kind: replica.QueryKey, Key: key, Ages: n.clusterLevel().CarriesTraces()}
 	a, err := n.router.ReadRetrying(ctx, shard, q)
 	if err != nil {
 		return info, fmt.Errorf("inspect %q: %w", key, err)

@@ -173,7 +173,7 @@ func (n *Node) acquireDefault(ctx context.Context, key string, wait bool, opts [
 	if err != nil {
 		return nil, err
 	}
-	if n.labels() {
+	if n.clusterLevel().HasLockFamily() {
 		// No deadlock check: the default session is shared by every
 		// goroutine of the node, so its waits are not one thread's.
 		spec.Flags = lockfsm.FlagDetail

@@ -455,8 +455,8 @@ func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 		create = func(uint64, uint64) sm.IStateMachine {
 			return replica.NewLock(replica.LockConfig{Shard: shard, OnGrant: n.leading.OnApplyGrants,
 				OnApply: n.hooks.onApply, SkipTermCheck: n.hooks.unsafeSkipExpiryTerm,
-				MaxFormat: commandFormat(n.topLevel()), MaxSnapshot: n.hooks.holdSnapshot,
-				SnapshotFormat: func() byte { return snapshotFormat(n.clusterLevel()) }, Halt: halt,
+				MaxFormat: n.topLevel().CommandFormat(), MaxSnapshot: n.hooks.holdSnapshot,
+				SnapshotFormat: func() byte { return n.clusterLevel().LockSnapshotFormat() }, Halt: halt,
 				Counts: &n.counts, ReplayedTo: func() uint64 { return n.obs.startCommit(shard) }})
 		}
 	}

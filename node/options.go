@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/client"
+	"github.com/lockmesh/lockmesh/internal/level"
 )
 
 // The options of every lock call (LockOption: WithMaxHold) and the
@@ -21,11 +22,11 @@ import (
 // familyLevel refuses the lock family below feature level 3: a replica
 // of an older release would halt on its commands.
 func (n *Node) familyLevel(what string) error {
-	if n.labels() {
+	if n.clusterLevel().HasLockFamily() {
 		return nil
 	}
 	return fmt.Errorf("%w: %s need feature level %d; the cluster runs at %d until every peer is upgraded (see docs/UPGRADING.md)",
-		ErrIncompatible, what, labelLevel, n.clusterLevel())
+		ErrIncompatible, what, level.Family, n.clusterLevel())
 }
 
 // LockOption configures one lock call (Lock, TryLock, RLock, Acquire and

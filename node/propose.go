@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -24,8 +25,7 @@ func (h routerHost) Hosts(shard uint64) bool      { return h.n.hostsShard(shard)
 func (h routerHost) Addr(name string) (string, bool) {
 	return h.n.rpcAddr(name)
 }
-func (h routerHost) CommandFormat() byte { return commandFormat(h.n.clusterLevel()) }
-func (h routerHost) Level() uint8        { return h.n.topLevel() }
+func (h routerHost) TopLevel() level.Level { return h.n.topLevel() }
 
 func (h routerHost) LocalLeader(shard uint64) (uint64, bool) {
 	id, _, ok, err := h.n.nh.GetLeaderID(shard)
@@ -60,8 +60,7 @@ func (h routerHost) ServeKeepAlive(ctx context.Context, req router.KeepAliveRequ
 func (n *Node) newRouter() *router.Router {
 	return router.New(router.Config{Name: n.cfg.Name, RTT: n.cfg.RTT, Peers: n.peers,
 		ProposeMethod: methodPropose, KeepAliveMethod: methodKeepAlive, ReadMethod: methodRead,
-		Tracer: n.obs.tracer, CarryTraces: func() bool { return n.clusterLevel() >= traceLevel },
-		CapSessions: func() bool { return n.clusterLevel() >= capsLevel }, OnProposed: n.obs.onProposed},
+		Tracer: n.obs.tracer, OnProposed: n.obs.onProposed},
 		routerHost{n})
 }
 

@@ -622,7 +622,7 @@ func readRaftView(peers []*testPeer) *raftView {
 	v := &raftView{
 		layout:     n.placement.Load(),
 		deployment: deploymentID(n),
-		format:     commandFormat(n.clusterLevel()),
+		format:     n.clusterLevel().CommandFormat(),
 		term:       map[uint64]uint64{},
 		commit:     map[uint64]uint64{},
 		last:       map[uint64]uint64{},

@@ -55,7 +55,7 @@ func (r raftPeers) Proposal(c authz.Caller, shard uint64, payload []byte) error 
 	if len(payload) > lockfsm.MaxEntrySize {
 		return fmt.Errorf("commands of %d bytes, above %d", len(payload), lockfsm.MaxEntrySize)
 	}
-	if f := commandFormat(n.clusterLevel()); len(payload) > 0 && payload[0] > f {
+	if f := n.clusterLevel().CommandFormat(); len(payload) > 0 && payload[0] > f {
 		return fmt.Errorf("command format %d, above the cluster's %d", payload[0], f)
 	}
 	cmds, err := lockfsm.DecodeCommands(payload)

@@ -11,6 +11,7 @@ import (
 	pb "github.com/lni/dragonboat/v4/raftpb"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
@@ -131,12 +132,12 @@ func crashMessages(x raftTarget) map[string][]pb.Message {
 // forgedProposals are Propose messages the review committed, each aimed
 // at x: entries dragonboat cannot apply, a payload lockmesh cannot read,
 // and leader-only commands.
-func forgedProposals(t testing.TB, x raftTarget, level uint8) map[string]pb.Message {
+func forgedProposals(t testing.TB, x raftTarget, l level.Level) map[string]pb.Message {
 	propose := func(entries ...pb.Entry) pb.Message {
 		return pb.Message{Type: pb.Propose, ShardID: x.shard, To: x.to, From: x.from, Entries: entries}
 	}
 	commands := func(cmds ...lockfsm.Command) pb.Entry {
-		raw, err := lockfsm.EncodeCommandsFormat(commandFormat(level), cmds)
+		raw, err := lockfsm.EncodeCommandsFormat(l.CommandFormat(), cmds)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -282,7 +283,7 @@ func TestRaftPortMemberCertificate(t *testing.T) {
 		if x.shard != scene.shard {
 			continue
 		}
-		raw, err := lockfsm.EncodeCommandsFormat(commandFormat(peers[0].node.clusterLevel()), []lockfsm.Command{{Op: lockfsm.OpRelease, Session: v.Session, Target: v.Req}})
+		raw, err := lockfsm.EncodeCommandsFormat(peers[0].node.clusterLevel().CommandFormat(), []lockfsm.Command{{Op: lockfsm.OpRelease, Session: v.Session, Target: v.Req}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/leader"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
 	"github.com/lockmesh/lockmesh/internal/replica"
@@ -47,10 +48,10 @@ const (
 
 // checkSender refuses a request from a peer whose newest feature level,
 // as the request says, is below the cluster's.
-func (n *Node) checkSender(level uint8) error {
-	if cl := n.clusterLevel(); max(level, 1) < cl {
+func (n *Node) checkSender(sender level.Level) error {
+	if cl := n.clusterLevel(); max(sender, level.Positional) < cl {
 		return rpcError(codeIncompatible, "%v: the caller speaks feature levels up to %d, but the cluster runs at level %d: upgrade it (see docs/UPGRADING.md)",
-			ErrIncompatible, max(level, 1), cl)
+			ErrIncompatible, max(sender, level.Positional), cl)
 	}
 	return nil
 }

@@ -167,7 +167,7 @@ func (s *Session) acquireObserved(ctx context.Context, key string, wait bool, sp
 	if err != nil {
 		return nil, err
 	}
-	if s.n.labels() {
+	if s.n.clusterLevel().HasLockFamily() {
 		spec.Flags |= lockfsm.FlagDetail | lockfsm.FlagDeadlock
 	}
 	l, retry, err := s.n.acquireIn(ctx, key, wait, spec, func(uint64) *client.Owner { return s.o })
@@ -226,7 +226,7 @@ func newClient(n *Node) *client.Client {
 		},
 		Go:       func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
 		Stop:     n.ctx.Done(),
-		Labels:   n.labels,
+		Level:    n.clusterLevel,
 		OnQueued: n.obs.onQueued,
 		OnLost:   n.obs.onLost,
 	})

@@ -140,11 +140,11 @@ func (n *Node) Status(ctx context.Context) (Status, error) {
 		return Status{}, ErrClosed
 	}
 	p := n.placement.Load()
-	st := Status{Peer: n.cfg.Name, Release: release.Version, Level: levelOf(p), Ready: p != nil}
+	st := Status{Peer: n.cfg.Name, Release: release.Version, Level: uint8(layout.LevelOf(p)), Ready: p != nil}
 	for _, m := range n.Members() {
 		ms := MemberStatus{Member: m}
 		if mm, ok := n.mesh.Member(m.Name); ok {
-			ms.Level, ms.NoReplicas = mm.Meta.Version, mm.Meta.NoReplicas
+			ms.Level, ms.NoReplicas = uint8(mm.Meta.MaxLevel), mm.Meta.NoReplicas
 		}
 		st.Members = append(st.Members, ms)
 	}

@@ -14,6 +14,8 @@ import (
 	otelresource "go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/lockmesh/lockmesh/internal/level"
 )
 
 // observedCluster is a 3-peer cluster whose peers record metrics (one
@@ -166,7 +168,7 @@ func TestObservability(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.Ready || st.Level != maxLevel || len(st.Members) != 3 || len(st.Shards) != 4 {
+	if !st.Ready || st.Level != uint8(level.Max) || len(st.Members) != 3 || len(st.Shards) != 4 {
 		t.Fatalf("Status: %+v", st)
 	}
 	for _, sh := range st.Shards {

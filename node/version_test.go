@@ -11,6 +11,7 @@ import (
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -18,20 +19,6 @@ import (
 
 // unreadable is a tagged Acquire with field tag 48, which no release knows.
 var unreadable = []byte{lockfsm.FormatTagged, 0x91, 0x82, 0x01, byte(lockfsm.OpAcquire), 48, 0x01}
-
-// The lock snapshot format every level writes is one every release at
-// that level reads; the replicas save in it (internal/replica): 2 at
-// levels 1 and 2, 3 (session labels) from level 3 on.
-func TestLevelsWriteTheirLockSnapshotFormat(t *testing.T) {
-	for level, want := range map[uint8]byte{1: 2, 2: 2, 3: 3} {
-		if f := snapshotFormat(level); f != want {
-			t.Errorf("level %d writes snapshot format %d, want %d: releases at levels 1 and 2 read only formats 1 and 2", level, f, want)
-		}
-	}
-	if maxLevel != 3 {
-		t.Errorf("maxLevel is %d: add its snapshot format to this table", maxLevel)
-	}
-}
 
 // In a cluster, an entry no replica can read halts the shard on every
 // peer: no lock of that shard is granted from a state that skipped it,
@@ -173,8 +160,8 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 	old := peers[2]
 	for _, p := range peers {
 		pl := p.node.placement.Load()
-		if levelOf(pl) != 1 || pl.KeyScheme != layout.KeySchemeWhole {
-			t.Fatalf("%s: cluster formed at level %d with key scheme %d; want 1 and whole keys (peer-3 speaks only 1)", p.cfg.Name, levelOf(pl), pl.KeyScheme)
+		if layout.LevelOf(pl) != 1 || pl.KeyScheme != layout.KeySchemeWhole {
+			t.Fatalf("%s: cluster formed at level %d with key scheme %d; want 1 and whole keys (peer-3 speaks only 1)", p.cfg.Name, layout.LevelOf(pl), pl.KeyScheme)
 		}
 	}
 
@@ -197,7 +184,7 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 			t.Fatalf("the level-1 peer halted at level 1: %v", he)
 		}
 	}
-	if lv := levelOf(peers[0].node.placement.Load()); lv != 1 {
+	if lv := layout.LevelOf(peers[0].node.placement.Load()); lv != 1 {
 		t.Fatalf("level raised to %d while a peer speaks only 1", lv)
 	}
 
@@ -253,13 +240,13 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 	for {
 		raised := true
 		for _, p := range peers {
-			raised = raised && levelOf(p.node.placement.Load()) == maxLevel
+			raised = raised && layout.LevelOf(p.node.placement.Load()) == level.Max
 		}
 		if raised {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the level was not raised to %d after the upgrade", maxLevel)
+			t.Fatalf("the level was not raised to %d after the upgrade", level.Max)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -335,7 +322,7 @@ func keyOnShard(p *layout.Placement, shard uint64, prefix string) string {
 // startMixedCluster forms a cluster of o.expect peers named prefix-1 and
 // on, the last held to feature level hold as a peer of an older release,
 // each with hooks applied, and waits until every one is ready.
-func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold uint8, hooks ...func(*testHooks)) []*testPeer {
+func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold level.Level, hooks ...func(*testHooks)) []*testPeer {
 	t.Helper()
 	var peers []*testPeer
 	for i := range o.expect {

@@ -618,7 +618,7 @@ func levelsOf(t *testing.T, bin string, previous bool) (lo, hi uint8) {
 	err := cmd.Run()
 	var exit *exec.ExitError
 	if previous && errors.As(err, &exit) && strings.Contains(stderr.String(), "flag provided but not defined: -version") {
-		return release.PreviousMinLevel, release.PreviousMaxLevel
+		return uint8(release.PreviousMinLevel), uint8(release.PreviousMaxLevel)
 	}
 	if err != nil {
 		t.Fatalf("%s -version: %v: %s", bin, err, stderr.String())

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -105,11 +106,12 @@ type Config struct {
 	// Stop is closed when the node stops (node passes its context's Done,
 	// the context Go hands out).
 	Stop <-chan struct{}
-	// Labels reports whether the cluster's feature level lets an
-	// OpenSession carry its Owner's label (lockfsm.Command.Label); nil
-	// means never. Before then the replicated sessions go unlabelled:
-	// a peer of an older release would halt on the field.
-	Labels func() bool
+	// Level is the cluster's feature level as this peer knows it; nil
+	// means level 1. From the level that labels sessions an OpenSession
+	// carries its Owner's label (lockfsm.Command.Label); before, the
+	// replicated sessions go unlabelled: a peer of an older release would
+	// halt on the field.
+	Level func() level.Level
 
 	// OnQueued, when not nil, is called with an acquire's context when
 	// the attempt was queued behind other holders (node times the wait

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -81,8 +82,8 @@ func newStateClient(t testing.TB) (*Client, *stateCluster, context.Context) {
 				fn(ctx)
 			}()
 		},
-		Stop:   stop,
-		Labels: func() bool { return true },
+		Stop:  stop,
+		Level: func() level.Level { return level.Max },
 	})
 	t.Cleanup(func() {
 		close(stop)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -102,8 +103,8 @@ func newPromiseClient(t *testing.T) *promiseClient {
 				pc.bgDone <- struct{}{}
 			}()
 		},
-		Stop:   stop,
-		Labels: func() bool { return true },
+		Stop:  stop,
+		Level: func() level.Level { return level.Max },
 	})
 	f.c = pc.Client
 	pc.hooks.settling = func(key string) { pc.settling <- key }

@@ -271,7 +271,7 @@ func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session
 	cmd := lockfsm.Command{
 		Op: lockfsm.OpOpenSession, Owner: c.cfg.Name, TTLMillis: uint64((owner.ttl + time.Millisecond - 1) / time.Millisecond),
 	}
-	if c.cfg.Labels != nil && c.cfg.Labels() {
+	if c.cfg.Level != nil && c.cfg.Level().LabelsSessions() {
 		cmd.Label = owner.label
 	}
 	res, err := c.cfg.Apply(ctx, shard, cmd)

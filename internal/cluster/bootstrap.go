@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -101,26 +102,15 @@ func MayFound(m mesh.Member) bool {
 // NewPlan is the layout a coordinator proposes for cluster id over the
 // founders: shards shards of rf replicas, at the newest feature level
 // every founder and this peer (top) speak, with that level's key scheme.
-func NewPlan(id uint64, shards, rf int, top uint8, founders []mesh.Member) *layout.Placement {
+func NewPlan(id uint64, shards, rf int, top level.Level, founders []mesh.Member) *layout.Placement {
 	peers := make([]layout.Peer, len(founders))
 	for i, m := range founders {
 		peers[i] = layout.Peer{Name: m.Name, NodeHostID: m.Meta.NodeHostID}
 	}
-	level := NewLevel(top, founders)
-	p := layout.New(id, shards, rf, KeySchemeFor(level), peers)
-	p.Level = uint32(level)
+	l := NewLevel(top, founders)
+	p := layout.New(id, shards, rf, layout.KeySchemeFor(l), peers)
+	p.Level = uint32(l)
 	return p
-}
-
-// KeySchemeFor is the key scheme a new cluster at level uses: hash tags
-// from level 2 on. Peers of level 1 (releases before levels) hash whole
-// keys and ignore the scheme field, so a cluster they may serve must hash
-// whole keys for ever.
-func KeySchemeFor(level uint8) uint8 {
-	if level >= 2 {
-		return layout.KeySchemeHashTag
-	}
-	return layout.KeySchemeWhole
 }
 
 // ErrPromised is Prepare's refusal: this peer holds an unlapsed promise

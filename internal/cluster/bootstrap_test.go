@@ -17,7 +17,7 @@ import (
 // free is an alive member that belongs to no cluster and can found one.
 func free(name string) mesh.Member {
 	return mesh.Member{Name: name, State: mesh.StateAlive, Meta: mesh.Meta{
-		NodeHostID: "nh-" + name, RPCAddr: name + ":7000", Version: 2, MinVersion: 1}}
+		NodeHostID: "nh-" + name, RPCAddr: name + ":7000", MaxLevel: 2, MinLevel: 1}}
 }
 
 func with(m mesh.Member, change func(*mesh.Member)) mesh.Member {
@@ -113,7 +113,7 @@ func TestNewPlan(t *testing.T) {
 	}
 	// A founder of level 1 (a release before levels) holds the cluster
 	// to level 1 and whole-key hashing.
-	founders[1].Meta.Version, founders[1].Meta.MinVersion = 0, 0
+	founders[1].Meta.MaxLevel, founders[1].Meta.MinLevel = 0, 0
 	p = NewPlan(7, 4, 3, 2, founders)
 	if p.Level != 1 || p.KeyScheme != layout.KeySchemeWhole {
 		t.Fatalf("plan with a level-1 founder = level %d scheme %d, want 1, whole keys", p.Level, p.KeyScheme)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/throttle"
 	"github.com/lockmesh/lockmesh/mesh"
 )
@@ -72,16 +73,12 @@ type PeerStatus struct {
 	Leading  []uint64          `msgpack:"x"` // shards the peer leads
 	// Level is the newest feature level the peer speaks; 0 from releases
 	// before levels, which speak only level 1.
-	Level uint8 `msgpack:"v,omitempty"`
+	Level level.Level `msgpack:"v,omitempty"`
 	// Applied is, per lock shard, the index of the last entry the peer's
 	// replica applied (for the status page's lag); written from feature
 	// level 3, which every peer then reads.
 	Applied map[uint64]uint64 `msgpack:"a,omitempty"`
 }
-
-// appliedLevel is the first feature level whose PeerStatus carries
-// Applied.
-const appliedLevel = 3
 
 // MembershipChange adds (Add) or removes replica Replica of Shard; an
 // added replica runs on the NodeHost NodeHostID. It is also the request
@@ -110,7 +107,7 @@ type ControllerConfig struct {
 	RTT             time.Duration    // the network's round trip (Config.RTT)
 	ProposalTimeout time.Duration    // bounds one proposal, read or status call
 	DeadAfter       time.Duration    // how long a listed peer may be gone before it is replaced
-	TopLevel        uint8            // the newest feature level this peer speaks
+	TopLevel        level.Level      // the newest feature level this peer speaks
 	Now             func() time.Time // the clock dead peers are timed by
 	Logger          *slog.Logger     // nil discards
 }
@@ -324,11 +321,11 @@ func (c *Controller) admit(ctx context.Context, p *layout.Placement, members map
 		if _, ok := p.Peer(name); ok || m.Meta.NoReplicas || (m.Meta.Cluster != 0 && m.Meta.Cluster != p.ClusterID) {
 			continue
 		}
-		if !Speaks(m.Meta, LevelOf(p)) {
+		if !Speaks(m.Meta, layout.LevelOf(p)) {
 			// Its replicas could not read the log (a release before
 			// levels would even skip what it cannot read).
 			c.log.Warn("not admitting a peer that does not speak the cluster's feature level", "peer", name,
-				"speaks", fmt.Sprintf("%d to %d", m.Meta.MinVersion, m.Meta.Version), "level", LevelOf(p))
+				"speaks", fmt.Sprintf("%d to %d", m.Meta.MinLevel, m.Meta.MaxLevel), "level", layout.LevelOf(p))
 			continue
 		}
 		if err := c.host.Vouch(ctx, m); err != nil {

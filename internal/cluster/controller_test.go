@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -127,9 +128,9 @@ func (h *fakeHost) Backoff(ctx context.Context, _ int) error {
 	}
 }
 
-func alive(name, nhid string, version uint8) mesh.Member {
+func alive(name, nhid string, version level.Level) mesh.Member {
 	return mesh.Member{Name: name, State: mesh.StateAlive,
-		Meta: mesh.Meta{NodeHostID: nhid, MinVersion: 1, Version: version}}
+		Meta: mesh.Meta{NodeHostID: nhid, MinLevel: 1, MaxLevel: version}}
 }
 
 // threePeers is a layout of 1 lock shard on peers a, b and c at level 1,
@@ -153,14 +154,11 @@ func newTestController(h Host) *Controller {
 }
 
 func TestLevels(t *testing.T) {
-	if LevelOf(nil) != 1 || LevelOf(&layout.Placement{}) != 1 || LevelOf(&layout.Placement{Level: 2}) != 2 || LevelOf(&layout.Placement{Level: 300}) != 255 {
-		t.Fatal("LevelOf: a layout without a level must read as 1, and levels above 255 as 255")
-	}
 	for _, c := range []struct {
-		lo, hi, level uint8
+		lo, hi, level level.Level
 		want          bool
 	}{{0, 0, 1, true}, {0, 0, 2, false}, {1, 2, 2, true}, {2, 3, 1, false}, {1, 1, 2, false}} {
-		if got := Speaks(mesh.Meta{MinVersion: c.lo, Version: c.hi}, c.level); got != c.want {
+		if got := Speaks(mesh.Meta{MinLevel: c.lo, MaxLevel: c.hi}, c.level); got != c.want {
 			t.Errorf("Speaks(%d..%d, %d) = %v, want %v", c.lo, c.hi, c.level, got, c.want)
 		}
 	}
@@ -262,7 +260,7 @@ func TestStepAdmitsAPeerOnlyIfItMayJoin(t *testing.T) {
 		{"new peer", alive("d", "id-d", 2), true},
 		{"no replicas", func() mesh.Member { m := alive("d", "id-d", 2); m.Meta.NoReplicas = true; return m }(), false},
 		{"another cluster", func() mesh.Member { m := alive("d", "id-d", 2); m.Meta.Cluster = 99; return m }(), false},
-		{"does not speak the level", func() mesh.Member { m := alive("d", "id-d", 3); m.Meta.MinVersion = 3; return m }(), false},
+		{"does not speak the level", func() mesh.Member { m := alive("d", "id-d", 3); m.Meta.MinLevel = 3; return m }(), false},
 		{"listed name, other NodeHost", alive("c", "id-wiped", 2), false},
 		{"cannot vouch for its identity", alive("impostor", "id-i", 2), false},
 	} {
@@ -298,14 +296,14 @@ func TestRaiseLevel(t *testing.T) {
 	upgraded := func() *fakeHost {
 		h := threePeers()
 		for i := range h.members {
-			h.members[i].Meta.Version = 2
+			h.members[i].Meta.MaxLevel = 2
 			h.status[h.members[i].Name] = PeerStatus{Level: 2}
 		}
 		return h
 	}
 	h := upgraded()
-	if raised, err := newTestController(h).raiseLevel(ctx, h.placement(), h.Members()); !raised || err != nil || LevelOf(h.placement()) != 2 {
-		t.Fatalf("every peer speaks 2: raised %v, err %v, level %d", raised, err, LevelOf(h.placement()))
+	if raised, err := newTestController(h).raiseLevel(ctx, h.placement(), h.Members()); !raised || err != nil || layout.LevelOf(h.placement()) != 2 {
+		t.Fatalf("every peer speaks 2: raised %v, err %v, level %d", raised, err, layout.LevelOf(h.placement()))
 	}
 	h = upgraded()
 	h.members[2].State = mesh.StateDead // may come back as an old release

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -297,7 +298,7 @@ func (c *Controller) raiseLevel(ctx context.Context, p *layout.Placement, member
 			return false, nil
 		}
 	}
-	if target <= LevelOf(p) {
+	if target <= layout.LevelOf(p) {
 		return false, nil
 	}
 	// Gossip may still show the metadata of a peer's previous run (a peer
@@ -308,13 +309,13 @@ func (c *Controller) raiseLevel(ctx context.Context, p *layout.Placement, member
 		if err != nil {
 			return false, nil
 		}
-		target = min(target, max(st.Level, 1))
+		target = min(target, max(st.Level, level.Positional))
 	}
-	if target <= LevelOf(p) {
+	if target <= layout.LevelOf(p) {
 		return false, nil
 	}
 	q := p.Next()
 	q.Level = uint32(target)
-	c.log.Info("raising the cluster's feature level", "from", LevelOf(p), "to", target, "epoch", q.Epoch)
+	c.log.Info("raising the cluster's feature level", "from", layout.LevelOf(p), "to", target, "epoch", q.Epoch)
 	return true, c.host.ProposePlacement(ctx, q)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
 	"github.com/lockmesh/lockmesh/internal/router"
@@ -102,7 +103,7 @@ type ServiceConfig struct {
 	Name     string        // this peer's name in the layout
 	Methods  Methods       // the RPC methods of its requests
 	Interval time.Duration // between the placement loop's reads of the layout
-	TopLevel uint8         // the newest feature level this peer speaks
+	TopLevel level.Level   // the newest feature level this peer speaks
 	// TLS is the RPC port's TLS config, with which Vouch checks a member's
 	// certificate; nil without TLS.
 	TLS *tls.Config
@@ -256,7 +257,7 @@ func (s *Service) Serve(ctx context.Context, method uint8, body []byte) ([]byte,
 				}
 			}
 		}
-		if s.cfg.Applied != nil && layout.LevelOf(s.placement.Load()) >= appliedLevel {
+		if s.cfg.Applied != nil && layout.LevelOf(s.placement.Load()).ReportsApplied() {
 			st.Applied = s.cfg.Applied()
 		}
 		return encode(st)

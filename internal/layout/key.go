@@ -1,6 +1,10 @@
 package layout
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/lockmesh/lockmesh/internal/level"
+)
 
 // Key schemes: the rule by which a layout maps a key to its shard. A
 // cluster's scheme is fixed when it is created and never changes, because
@@ -65,4 +69,15 @@ func fnv64a(s string) uint64 {
 		h *= prime64
 	}
 	return h
+}
+
+// KeySchemeFor is the key scheme a new cluster at l uses: hash tags from
+// level 2 on. Peers of level 1 (releases before levels) hash whole keys and
+// ignore the scheme field, so a cluster they may serve must hash whole
+// keys for ever.
+func KeySchemeFor(l level.Level) uint8 {
+	if l.HashesTags() {
+		return KeySchemeHashTag
+	}
+	return KeySchemeWhole
 }

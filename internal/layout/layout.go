@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -60,17 +61,18 @@ type Placement struct {
 	// move between shards. Layouts written before it existed decode as
 	// KeySchemeWhole, their rule.
 	KeyScheme uint8 `msgpack:"k,omitempty"`
-	// Level is the cluster's feature level; 0 reads as 1.
+	// Level is the cluster's feature level (internal/level), recorded as a
+	// uint32; 0 reads as 1. Read it with LevelOf.
 	Level uint32 `msgpack:"l,omitempty"`
 }
 
 // LevelOf is the feature level layout p records; layouts written before
 // levels existed have none and are level 1, and so is a nil layout.
-func LevelOf(p *Placement) uint8 {
-	if p == nil || p.Level == 0 {
-		return 1
+func LevelOf(p *Placement) level.Level {
+	if p == nil {
+		return level.Positional
 	}
-	return uint8(min(p.Level, 255))
+	return level.Of(p.Level)
 }
 
 // New lays out shards lock shards and the meta shard over peers for a new

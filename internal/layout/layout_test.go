@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/lockmesh/lockmesh/internal/level"
 )
 
 func TestNew(t *testing.T) {
@@ -302,7 +304,7 @@ func TestDesired(t *testing.T) {
 func TestLevelOf(t *testing.T) {
 	for _, tc := range []struct {
 		p    *Placement
-		want uint8
+		want level.Level
 	}{
 		{nil, 1}, {&Placement{}, 1}, {&Placement{Level: 2}, 2}, {&Placement{Level: 300}, 255},
 	} {

@@ -4,14 +4,17 @@
 // against this tree.
 //
 // Every release that changes a format on disk or on the wire (a new
-// feature level, see node/version.go and docs/UPGRADING.md) bumps these:
+// feature level, see internal/level and docs/UPGRADING.md) bumps these:
 // Version to the new release, Previous to the commit of the release
 // before it, and PreviousMinLevel and PreviousMaxLevel to the feature
-// levels that commit speaks (`git show <Previous>:node/version.go`).
+// levels that commit speaks (`git show <Previous>:node/version.go`; from
+// 0.2.0 on, internal/level/level.go).
 // Releases are recorded as commits, not tags, because tags are not pushed
 // with the repository's history everywhere it is cloned; the test fails,
 // rather than skips, when the recorded commit is missing (a shallow clone).
 package release
+
+import "github.com/lockmesh/lockmesh/internal/level"
 
 // Version names the release this tree builds. Release numbers start with
 // this record: fc10b2a, which had none, is 0.1.0, and this tree is the
@@ -30,6 +33,6 @@ const PreviousVersion = "0.1.0"
 // previous release speaks. Its peer program has no -version flag to ask,
 // so they are recorded here.
 const (
-	PreviousMinLevel uint8 = 1
-	PreviousMaxLevel uint8 = 2
+	PreviousMinLevel = level.Positional
+	PreviousMaxLevel = level.Tagged
 )

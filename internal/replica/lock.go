@@ -38,7 +38,7 @@ type LockConfig struct {
 	// (node's testHooks.holdSnapshot) to play an older release.
 	MaxSnapshot byte
 	// SnapshotFormat is the snapshot format to save in: the one of the
-	// cluster's feature level (node's snapshotFormat of its clusterLevel),
+	// cluster's feature level (level.Level.LockSnapshotFormat of the cluster's level),
 	// so that any replica the snapshot is sent to can load it. nil saves
 	// lockfsm.SnapshotVersion.
 	SnapshotFormat func() byte

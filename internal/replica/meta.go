@@ -15,7 +15,7 @@ import (
 
 // Meta is the meta shard's state machine: the latest placement, replaced
 // only by its successor (epoch + 1). Its snapshots are written in the
-// format of the level the placement records (metaSnapshotFormat), and one
+// format of the level the placement records (level.Level.MetaSnapshotFormat), and one
 // it cannot load halts it as Lock.RecoverFromSnapshot does.
 type Meta struct {
 	epoch     uint64
@@ -97,17 +97,6 @@ const (
 	metaSnapshotHeader = 12
 )
 
-// metaSnapshotFormat is the meta snapshot format a cluster at level writes.
-// Releases before 0.2.0, which speak levels 1 and 2, read only version 1,
-// so both levels write it; version 2 is written from level 3, which only
-// releases that read it speak.
-func metaSnapshotFormat(level uint8) byte {
-	if level >= 3 {
-		return metaSnapshotV2
-	}
-	return metaSnapshotV1
-}
-
 // encodeMetaSnapshot is the meta snapshot of epoch and placement in
 // format.
 func encodeMetaSnapshot(format byte, epoch uint64, placement []byte) ([]byte, error) {
@@ -172,7 +161,7 @@ func (m *Meta) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan 
 	}
 	// m.placement decoded when it was applied or loaded; nil is level 1.
 	p, _ := layout.Decode(m.placement)
-	b, err := encodeMetaSnapshot(metaSnapshotFormat(layout.LevelOf(p)), m.epoch, m.placement)
+	b, err := encodeMetaSnapshot(layout.LevelOf(p).MetaSnapshotFormat(), m.epoch, m.placement)
 	if err != nil {
 		return err
 	}

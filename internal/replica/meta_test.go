@@ -12,6 +12,7 @@ import (
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 )
 
@@ -63,9 +64,9 @@ func TestMetaSnapshotRoundTrip(t *testing.T) {
 	if !bytes.Equal(buf.Bytes(), oldMetaSnapshot(1, placement)) {
 		t.Fatalf("a level-1 meta snapshot is not the version-1 shape earlier releases read: % x", buf.Bytes())
 	}
-	// The levels this release speaks (node's minLevel to maxLevel).
-	for level, want := range map[uint8]byte{1: metaSnapshotV1, 2: metaSnapshotV1, 3: metaSnapshotV2} {
-		if f := metaSnapshotFormat(level); f != want {
+	// The levels this release speaks (level.Min to level.Max).
+	for level, want := range map[level.Level]byte{1: metaSnapshotV1, 2: metaSnapshotV1, 3: metaSnapshotV2} {
+		if f := level.MetaSnapshotFormat(); f != want {
 			t.Errorf("level %d writes meta snapshot version %d, want %d: releases at levels 1 and 2 read only version 1", level, f, want)
 		}
 	}

@@ -162,9 +162,13 @@ func (b *batcher) commit(batch []*RequestState) {
 	for _, rs := range batch {
 		cmds = append(cmds, rs.cmds...)
 	}
-	if b.r.cfg.CapSessions != nil && b.r.cfg.CapSessions() {
-		// cmds is the batch's own copy: the callers' commands stay as
-		// they were sent.
+	l := b.r.clusterLevel()
+	if l.CapsSessions() {
+		// Every replica reads the mark, which makes the state machine
+		// enforce the session caps on apply. Forwarded commands are
+		// marked too, since this peer writes the entry they join. cmds
+		// is the batch's own copy: the callers' commands stay as they
+		// were sent.
 		for i := range cmds {
 			if cmds[i].Op == lockfsm.OpOpenSession {
 				cmds[i].Capped = true
@@ -175,7 +179,7 @@ func (b *batcher) commit(batch []*RequestState) {
 	// reads; a layout this peer knows may lag, never lead, the level, and
 	// a command that only a higher level writes (lockfsm.MinCommandFormat)
 	// proves that level committed.
-	format := max(b.r.host.CommandFormat(), lockfsm.MinCommandFormat(cmds))
+	format := max(l.CommandFormat(), lockfsm.MinCommandFormat(cmds))
 	data, err := lockfsm.EncodeCommandsFormat(format, cmds)
 	if err != nil {
 		failAll(batch, err)

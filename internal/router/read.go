@@ -6,6 +6,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
 	"github.com/lockmesh/lockmesh/internal/replica"
@@ -17,7 +18,7 @@ import (
 type ReadRequest struct {
 	Shard uint64        `msgpack:"s"`
 	Query replica.Query `msgpack:"q"`
-	Level uint8         `msgpack:"v,omitempty"`
+	Level level.Level   `msgpack:"v,omitempty"`
 }
 
 // Read answers q on shard linearizably: through this peer's replica
@@ -27,7 +28,7 @@ func (r *Router) Read(ctx context.Context, shard uint64, q replica.Query) (repli
 	if r.host.Hosts(shard) {
 		return r.host.ReadLocal(ctx, shard, q)
 	}
-	body, err := msgpack.Marshal(ReadRequest{Shard: shard, Query: q, Level: r.host.Level()})
+	body, err := msgpack.Marshal(ReadRequest{Shard: shard, Query: q, Level: r.host.TopLevel()})
 	if err != nil {
 		return replica.Answer{}, err
 	}

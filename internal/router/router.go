@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
 	"github.com/lockmesh/lockmesh/internal/replica"
@@ -56,12 +57,11 @@ type Host interface {
 	// of shard and returns its results (dragonboat forwards the proposal
 	// to the leader if it is elsewhere).
 	ProposeLocal(ctx context.Context, shard uint64, data []byte) ([]lockfsm.Result, error)
-	// CommandFormat is the lockfsm format batches are written in: that of
-	// the cluster's feature level, which every replica reads.
-	CommandFormat() byte
-	// Level is the newest feature level this peer speaks; forwarded
-	// proposals carry it, and hosts refuse callers below the cluster's.
-	Level() uint8
+	// TopLevel is the newest feature level this peer speaks; forwarded
+	// proposals and reads carry it, and hosts refuse callers below the
+	// cluster's. What the router writes follows the cluster's level, the
+	// one Placement records (layout.LevelOf).
+	TopLevel() level.Level
 	// Authorize decides whether the caller of a forwarded proposal (ctx
 	// carries it, see transport.PeerFromContext) may propose cmds on
 	// shard; ServePropose refuses the whole proposal with its error.
@@ -95,16 +95,6 @@ type Config struct {
 	// Tracer, when not nil, traces the proposals of commands proposed
 	// from a sampled span (see trace.go).
 	Tracer trace.Tracer
-	// CarryTraces reports whether forwarded proposals may carry trace
-	// contexts (ProposeRequest.Traces): every peer of the cluster reads
-	// them. Nil means never.
-	CarryTraces func() bool
-	// CapSessions reports whether the OpenSessions of the entries this
-	// peer writes carry lockfsm.Command.Capped, which makes the state
-	// machine enforce the session caps on apply: every replica of the
-	// cluster reads it (feature level 3). Forwarded commands are marked
-	// too, since this peer writes the entry they join. Nil means never.
-	CapSessions func() bool
 	// OnProposed, when not nil, is told of each batch proposed from this
 	// peer: its shard, whether it was forwarded to another peer, how long
 	// it took and how it ended. It must not block.
@@ -115,11 +105,11 @@ type Config struct {
 // proposes it there (ServePropose). It carries the newest feature level
 // its sender speaks (0 from releases before levels, which read as 1).
 type ProposeRequest struct {
-	Shard uint64 `msgpack:"s"`
-	Cmds  []byte `msgpack:"c"` // lockfsm.EncodeCommandsFormat
-	Level uint8  `msgpack:"v,omitempty"`
+	Shard uint64      `msgpack:"s"`
+	Cmds  []byte      `msgpack:"c"` // lockfsm.EncodeCommandsFormat
+	Level level.Level `msgpack:"v,omitempty"`
 	// Traces are the trace contexts of the batch's traced commands;
-	// written from feature level 3 (Config.CarryTraces).
+	// written from the level that carries them (level.CarriesTraces).
 	Traces []TraceRef `msgpack:"t,omitempty"`
 }
 
@@ -455,8 +445,8 @@ func (r *Router) propose(ctx context.Context, shard uint64, data []byte, batch [
 		spans.end(err)
 		r.observe(shard, true, start, err)
 	}()
-	req := ProposeRequest{Shard: shard, Cmds: data, Level: r.host.Level()}
-	if r.cfg.CarryTraces != nil && r.cfg.CarryTraces() {
+	req := ProposeRequest{Shard: shard, Cmds: data, Level: r.host.TopLevel()}
+	if r.clusterLevel().CarriesTraces() {
 		req.Traces = spans.traceRefs()
 	}
 	body, err := msgpack.Marshal(req)
@@ -500,3 +490,7 @@ func (r *Router) proposeLocal(ctx context.Context, shard uint64, data []byte, ba
 	r.observe(shard, false, start, err)
 	return results, err
 }
+
+// clusterLevel is the feature level of the layout this peer holds: what
+// it writes at. A layout may lag, never lead, the cluster's level.
+func (r *Router) clusterLevel() level.Level { return layout.LevelOf(r.host.Placement()) }

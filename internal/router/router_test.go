@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -47,8 +48,7 @@ func (h *fakeHost) Hosts(uint64) bool            { return h.hosted }
 func (h *fakeHost) Addr(name string) (string, bool) {
 	return "addr-" + name, true
 }
-func (h *fakeHost) CommandFormat() byte { return lockfsm.FormatTagged }
-func (h *fakeHost) Level() uint8        { return 2 }
+func (h *fakeHost) TopLevel() level.Level { return level.Tagged }
 func (h *fakeHost) Authorize(_ context.Context, _ uint64, cmds []lockfsm.Command) error {
 	for _, c := range cmds {
 		if c.Op == lockfsm.OpLeaderTerm {
@@ -138,8 +138,12 @@ func (p *fakePeers) called() []string {
 }
 
 // threePeers is a layout of a, b and c, each hosting every shard.
+// threePeers is a layout of a, b and c at level 2, which writes
+// FormatTagged and neither caps sessions nor carries traces.
 func threePeers() *layout.Placement {
-	return layout.New(1, 2, 3, layout.KeySchemeHashTag, []layout.Peer{{Name: "a"}, {Name: "b"}, {Name: "c"}})
+	p := layout.New(1, 2, 3, layout.KeySchemeHashTag, []layout.Peer{{Name: "a"}, {Name: "b"}, {Name: "c"}})
+	p.Level = uint32(level.Tagged)
+	return p
 }
 
 func newTestRouter(t *testing.T, h Host, peers Caller) *Router {
@@ -666,16 +670,19 @@ func BenchmarkLeaderGuess(b *testing.B) {
 	}
 }
 
-// From the level that caps sessions on apply (Config.CapSessions), every
+// From the level that caps sessions on apply (level.CapsSessions), every
 // OpenSession of an entry this peer writes is marked Capped, its own and
 // those forwarded to it, so none escapes the caps; below it, none is,
 // since a replica of an older release would halt on the mark.
 func TestOpenSessionsCappedAtTheLevel(t *testing.T) {
 	for _, capped := range []bool{false, true} {
 		p := threePeers()
+		if capped {
+			p.Level = uint32(level.Family)
+		}
 		a, _ := p.ReplicaID(shard, "a")
 		h := &fakeHost{p: p, hosted: true, leader: a}
-		r := New(Config{Name: "a", RTT: time.Millisecond, ProposeMethod: 1, CapSessions: func() bool { return capped }}, h)
+		r := New(Config{Name: "a", RTT: time.Millisecond, ProposeMethod: 1}, h)
 		open := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "a", TTLMillis: 1000}
 		if _, err := r.Apply(context.Background(), shard, open); err != nil {
 			t.Fatal(err)

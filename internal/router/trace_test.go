@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -23,6 +24,9 @@ func forwardedPair(t *testing.T, carry bool) (d *Router, rec *tracetest.SpanReco
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	p := threePeers()
+	if carry {
+		p.Level = uint32(level.Family)
+	}
 	p.Peers = append(p.Peers, layout.Peer{Name: "d"})
 	bHost := &fakeHost{p: p, hosted: true}
 	b := New(Config{Name: "b", RTT: time.Millisecond, ProposeMethod: 1, Tracer: tp.Tracer("b")}, bHost)
@@ -36,8 +40,7 @@ func forwardedPair(t *testing.T, carry bool) (d *Router, rec *tracetest.SpanReco
 		*seen = append(*seen, req)
 		return b.ServePropose(context.Background(), req)
 	}}
-	d = New(Config{Name: "d", RTT: time.Millisecond, Peers: peers, ProposeMethod: 1, Tracer: tp.Tracer("d"),
-		CarryTraces: func() bool { return carry }}, &fakeHost{p: p})
+	d = New(Config{Name: "d", RTT: time.Millisecond, Peers: peers, ProposeMethod: 1, Tracer: tp.Tracer("d")}, &fakeHost{p: p})
 	t.Cleanup(d.Close)
 	d.SetLeader(shard, "b")
 	return d, rec, seen
@@ -80,7 +83,7 @@ func TestForwardedProposalIsOneTrace(t *testing.T) {
 	}
 }
 
-// Below feature level 3 (CarryTraces false) a forwarded request carries
+// Below feature level 3 (level.CarriesTraces false) a forwarded request carries
 // no trace contexts, which older peers would not expect; an untraced
 // caller costs no span at all.
 func TestTracesAreCarriedOnlyWhenAllowed(t *testing.T) {
