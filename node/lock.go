@@ -179,7 +179,7 @@ func (n *Node) acquireDefault(ctx context.Context, key string, wait bool, opts [
 		spec.Flags = lockfsm.FlagDetail
 	}
 	for {
-		l, retry, err := n.acquireIn(ctx, key, wait, spec, func(shard uint64) *client.Owner {
+		l, retry, err := n.acquireIn(ctx, key, wait, spec, func(shard uint64) *client.Session {
 			o, err := n.defaultSession(shard)
 			if err != nil {
 				return nil
@@ -193,9 +193,9 @@ func (n *Node) acquireDefault(ctx context.Context, key string, wait bool, opts [
 	}
 }
 
-// acquireIn takes key in the Owner ownerFor gives for the key's shard (nil
-// when the node closed). retry is true when that Owner was lost on the way.
-func (n *Node) acquireIn(ctx context.Context, key string, wait bool, spec client.Spec, ownerFor func(shard uint64) *client.Owner) (l *Lock, retry bool, err error) {
+// acquireIn takes key in the client Session sessionFor gives for the key's shard (nil
+// when the node closed). retry is true when that Session was lost on the way.
+func (n *Node) acquireIn(ctx context.Context, key string, wait bool, spec client.Spec, sessionFor func(shard uint64) *client.Session) (l *Lock, retry bool, err error) {
 	if err := lockfsm.ValidateKey(key); err != nil {
 		return nil, false, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
@@ -207,11 +207,11 @@ func (n *Node) acquireIn(ctx context.Context, key string, wait bool, spec client
 		return nil, false, err
 	}
 	shard := p.ShardOf(key)
-	owner := ownerFor(shard)
-	if owner == nil {
+	cs := sessionFor(shard)
+	if cs == nil {
 		return nil, false, ErrClosed
 	}
-	h, retry, err := owner.Acquire(ctx, shard, key, wait, spec)
+	h, retry, err := cs.Acquire(ctx, shard, key, wait, spec)
 	if h == nil {
 		return nil, retry, publicErr(err)
 	}

@@ -163,7 +163,7 @@ func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool)
 		// Never reentrant, on any shard: a key held already fails the
 		// whole LockAll before any shard is asked for anything.
 		// (AcquireAll checks again, for a key locked meanwhile.)
-		if s.o.Holds(shard, key) {
+		if s.cs.Holds(shard, key) {
 			return nil, fmt.Errorf("lock all: lock %q: %w: unlock it first, or lock through another Session (LockAll never re-enters a key)", key, ErrAlreadyHeld)
 		}
 		byShard[shard] = append(byShard[shard], key)
@@ -185,7 +185,7 @@ func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool)
 			specs[i] = spec
 		}
 		// AcquireAll for one key too: Acquire would re-enter it.
-		hs, retry, err := s.o.AcquireAll(ctx, shard, group, specs, wait)
+		hs, retry, err := s.cs.AcquireAll(ctx, shard, group, specs, wait)
 		if retry {
 			if err = s.Err(); err == nil {
 				err = fmt.Errorf("%w: session lost", ErrLeaseExpired)

@@ -26,7 +26,7 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := owner.Session(ctx, shard)
+	s, err := owner.OnShard(ctx, shard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,8 +37,8 @@ import (
 //
 // A Session is safe for concurrent use.
 type Session struct {
-	n *Node
-	o *client.Owner // its replicated sessions, leases and end
+	n  *Node
+	cs *client.Session // its replicated sessions, leases and end
 }
 
 // SessionOption configures NewSession.
@@ -104,21 +104,21 @@ func (n *Node) NewSession(ctx context.Context, opts ...SessionOption) (*Session,
 	}
 	s, err := n.newSession(o.ttl)
 	if err == nil && o.reentrant {
-		s.o.SetReentrant()
+		s.cs.SetReentrant()
 	}
 	return s, err
 }
 
 func (n *Node) newSession(ttl time.Duration) (*Session, error) {
-	o, err := n.client.NewOwner(ttl)
+	o, err := n.client.NewSession(ttl)
 	if err != nil {
 		return nil, err
 	}
-	return &Session{n: n, o: o}, nil
+	return &Session{n: n, cs: o}, nil
 }
 
 // TTL returns the session's time to live.
-func (s *Session) TTL() time.Duration { return s.o.TTL() }
+func (s *Session) TTL() time.Duration { return s.cs.TTL() }
 
 // ID returns the session's id: random, never 0, and the same on every
 // shard, so Inspect shows it (Holder.Session) for each of its locks and
@@ -126,14 +126,14 @@ func (s *Session) TTL() time.Duration { return s.o.TTL() }
 // shard, whose own id Inspect shows as Holder.ShardSession. A cluster
 // records the id from feature level 3 on; sessions opened on a shard
 // before it runs at level 3 show 0 there.
-func (s *Session) ID() uint64 { return s.o.Label() }
+func (s *Session) ID() uint64 { return s.cs.Label() }
 
 // Done is closed when the session ends: lost (ErrLeaseExpired), closed
 // (ErrSessionClosed) or ended with its node (ErrClosed). Err says which.
-func (s *Session) Done() <-chan struct{} { return s.o.Done() }
+func (s *Session) Done() <-chan struct{} { return s.cs.Done() }
 
 // Err returns nil while the session lives, then why Done closed.
-func (s *Session) Err() error { return s.o.Err() }
+func (s *Session) Err() error { return s.cs.Err() }
 
 // Lock takes key for this session; see Node.Lock. It fails with an error
 // wrapping ErrLeaseExpired or ErrSessionClosed once the session has ended,
@@ -170,7 +170,7 @@ func (s *Session) acquireObserved(ctx context.Context, key string, wait bool, sp
 	if s.n.clusterLevel().HasLockFamily() {
 		spec.Flags |= lockfsm.FlagDetail | lockfsm.FlagDeadlock
 	}
-	l, retry, err := s.n.acquireIn(ctx, key, wait, spec, func(uint64) *client.Owner { return s.o })
+	l, retry, err := s.n.acquireIn(ctx, key, wait, spec, func(uint64) *client.Session { return s.cs })
 	if retry {
 		if err = s.Err(); err == nil {
 			err = fmt.Errorf("%w: session lost", ErrLeaseExpired)
@@ -187,7 +187,7 @@ func (s *Session) acquireObserved(ctx context.Context, key string, wait bool, sp
 // committed by then goes on in the background, and Close returns an error
 // saying so (the cluster frees the keys when the TTL runs out at the
 // latest). Close is idempotent.
-func (s *Session) Close(ctx context.Context) error { return s.o.Close(ctx) }
+func (s *Session) Close(ctx context.Context) error { return s.cs.Close(ctx) }
 
 // Orphan stops the session's keepalives without closing it: the cluster
 // frees its locks when its TTL runs out, and their Done (and the
@@ -195,7 +195,7 @@ func (s *Session) Close(ctx context.Context) error { return s.o.Close(ctx) }
 // crash. Use it to hand the locks' fate to the TTL, for example when this
 // process is about to exit and another will take over. A Close after
 // Orphan still releases the locks at once.
-func (s *Session) Orphan() { s.o.Orphan() }
+func (s *Session) Orphan() { s.cs.Orphan() }
 
 // The client side of sessions (internal/client) reaches the cluster
 // through the calls newClient gives it; node keeps the routing.
@@ -295,7 +295,7 @@ func (n *Node) readKey(ctx context.Context, shard uint64, key string) (lockfsm.K
 
 // defaultSession returns the node's live default session for shard,
 // starting a new one if there is none or the last was lost.
-func (n *Node) defaultSession(shard uint64) (*client.Owner, error) {
+func (n *Node) defaultSession(shard uint64) (*client.Session, error) {
 	return n.client.Default(shard)
 }
 

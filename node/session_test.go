@@ -158,7 +158,7 @@ func TestDefaultSessionsArePerShard(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Lock after the default session was lost: %v", err)
 	}
-	if l.h.Session().Owner() == la.h.Session().Owner() {
+	if l.h.Session().Session() == la.h.Session().Session() {
 		t.Fatal("the lost default session was reused")
 	}
 	_ = l.Unlock(ctxT(t, 10*time.Second))

@@ -108,7 +108,7 @@ type Config struct {
 	Stop <-chan struct{}
 	// Level is the cluster's feature level as this peer knows it; nil
 	// means level 1. From the level that labels sessions an OpenSession
-	// carries its Owner's label (lockfsm.Command.Label); before, the
+	// carries its Session's label (lockfsm.Command.Label); before, the
 	// replicated sessions go unlabelled: a peer of an older release would
 	// halt on the field.
 	Level func() level.Level
@@ -123,8 +123,8 @@ type Config struct {
 	OnLost func(shard uint64, locks int, reason string)
 }
 
-// Client is the client side of one peer: its Owners (node's Sessions),
-// the default Owner of each shard (node.Lock's), and their keepalives.
+// Client is the client side of one peer: its Sessions (node's Sessions),
+// the default Session of each shard (node.Lock's), and their keepalives.
 // Safe for concurrent use.
 type Client struct {
 	cfg     Config
@@ -136,9 +136,9 @@ type Client struct {
 	hooks     testHooks
 
 	mu       sync.Mutex
-	owners   map[*Owner]struct{} // the live ones: keepalives and Close reach them here
-	defaults map[uint64]*Owner   // the default Owner of each shard
-	closed   bool                // set by Close: no new Owner
+	sessions map[*Session]struct{} // the live ones: keepalives and Close reach them here
+	defaults map[uint64]*Session   // the default Session of each shard
+	closed   bool                  // set by Close: no new Session
 }
 
 // Waits returns this peer's queued attempts that wait with
@@ -157,13 +157,13 @@ func New(cfg Config) *Client {
 	}
 	return &Client{
 		cfg: cfg, waiters: NewWaiters(), kick: make(chan struct{}, 1),
-		owners: map[*Owner]struct{}{}, defaults: map[uint64]*Owner{},
+		sessions: map[*Session]struct{}{}, defaults: map[uint64]*Session{},
 	}
 }
 
 // testHooks let this package's tests see, and hold up, the moments that
 // races between one session's goroutines turn on; all nil outside tests.
-// A test sets them before the Client's first Owner.
+// A test sets them before the Client's first Session.
 type testHooks struct {
 	// settling is called when an acquire of key is about to wait for its
 	// session's own release or withdrawal of key to commit, or for an
@@ -190,26 +190,26 @@ func (c *Client) stopped() bool {
 	}
 }
 
-// NewOwner starts an Owner with ttl. It does no I/O: the Owner opens a
+// NewSession starts an Session with ttl. It does no I/O: the Session opens a
 // replicated session on each shard at its first lock there. It fails with
 // lockerr.Closed once Close was called or the node stopped.
-func (c *Client) NewOwner(ttl time.Duration) (*Owner, error) {
+func (c *Client) NewSession(ttl time.Duration) (*Session, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.newOwnerLocked(ttl)
+	return c.newSessionLocked(ttl)
 }
 
-func (c *Client) newOwnerLocked(ttl time.Duration) (*Owner, error) {
+func (c *Client) newSessionLocked(ttl time.Duration) (*Session, error) {
 	if c.closed || c.stopped() {
 		return nil, lockerr.Closed
 	}
-	o := &Owner{c: c, ttl: ttl, label: newLabel(), shards: map[uint64]*slot{}, done: make(chan struct{})}
-	c.owners[o] = struct{}{}
+	o := &Session{c: c, ttl: ttl, label: newLabel(), shards: map[uint64]*slot{}, done: make(chan struct{})}
+	c.sessions[o] = struct{}{}
 	return o, nil
 }
 
-// newLabel is a random Owner label: never 0 (no label), and with 64
-// random bits two Owners of a cluster share one with odds of about n²/2⁶⁵.
+// newLabel is a random Session label: never 0 (no label), and with 64
+// random bits two Sessions of a cluster share one with odds of about n²/2⁶⁵.
 func newLabel() uint64 {
 	for {
 		if l := rand.Uint64(); l != 0 {
@@ -218,16 +218,16 @@ func newLabel() uint64 {
 	}
 }
 
-// Default returns the live default Owner of shard, with Config.SessionTTL,
+// Default returns the live default Session of shard, with Config.SessionTTL,
 // starting a new one if there is none or the last has ended: a loss on one
 // shard does not end node.Lock's locks on another.
-func (c *Client) Default(shard uint64) (*Owner, error) {
+func (c *Client) Default(shard uint64) (*Session, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if o := c.defaults[shard]; o != nil && o.Err() == nil {
 		return o, nil
 	}
-	o, err := c.newOwnerLocked(c.cfg.SessionTTL)
+	o, err := c.newSessionLocked(c.cfg.SessionTTL)
 	if err == nil {
 		o.shared = true
 		c.defaults[shard] = o
@@ -235,11 +235,11 @@ func (c *Client) Default(shard uint64) (*Owner, error) {
 	return o, err
 }
 
-// forget drops an ended Owner from the registry.
-func (c *Client) forget(o *Owner) {
+// forget drops an ended Session from the registry.
+func (c *Client) forget(o *Session) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.owners, o)
+	delete(c.sessions, o)
 	for shard, d := range c.defaults {
 		if d == o {
 			delete(c.defaults, shard)
@@ -248,15 +248,15 @@ func (c *Client) forget(o *Owner) {
 }
 
 // live lists the replicated sessions to keep alive: the opened, not lost
-// sessions of every live, not orphaned Owner.
-func (c *Client) live() []*Session {
+// sessions of every live, not orphaned Session.
+func (c *Client) live() []*ShardSession {
 	c.mu.Lock()
-	owners := make([]*Owner, 0, len(c.owners))
-	for o := range c.owners {
+	owners := make([]*Session, 0, len(c.sessions))
+	for o := range c.sessions {
 		owners = append(owners, o)
 	}
 	c.mu.Unlock()
-	var out []*Session
+	var out []*ShardSession
 	for _, o := range owners {
 		o.mu.Lock()
 		if o.err == nil && !o.orphaned {
@@ -271,17 +271,17 @@ func (c *Client) live() []*Session {
 	return out
 }
 
-// Close ends every Owner of this peer with lockerr.Closed and closes their
+// Close ends every Session of this peer with lockerr.Closed and closes their
 // sessions on the cluster, each bounded by Config.CloseTimeout and ctx,
-// so their locks pass to the next waiters at once; orphaned Owners are
+// so their locks pass to the next waiters at once; orphaned Sessions are
 // left to their TTL. Holders here see Done closed before the cluster can
-// hand their locks on. No Owner starts after Close. It returns when every
+// hand their locks on. No Session starts after Close. It returns when every
 // close has committed or given up.
 func (c *Client) Close(ctx context.Context) {
 	c.mu.Lock()
 	c.closed = true
-	owners := make([]*Owner, 0, len(c.owners))
-	for o := range c.owners {
+	owners := make([]*Session, 0, len(c.sessions))
+	for o := range c.sessions {
 		owners = append(owners, o)
 	}
 	c.mu.Unlock()

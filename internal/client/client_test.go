@@ -134,7 +134,7 @@ func TestGrantNoticeIsVerified(t *testing.T) {
 	tc.cluster.mu.Unlock()
 	// An hour's TTL: the slow re-read (every TTL/4) stays out of the way,
 	// so every read counted here is one a notice caused.
-	o, _ := tc.NewOwner(time.Hour)
+	o, _ := tc.NewSession(time.Hour)
 
 	type result struct {
 		h   *Held

@@ -16,10 +16,10 @@ type Waits struct {
 }
 
 type flaggedWait struct {
-	owner  *Owner
-	key    string
-	since  time.Time
-	refuse chan error // buffered: the first refusal is kept
+	session *Session
+	key     string
+	since   time.Time
+	refuse  chan error // buffered: the first refusal is kept
 }
 
 // FlaggedWait is one queued attempt of this peer that waits with the
@@ -33,14 +33,14 @@ type FlaggedWait struct {
 // add registers the queued attempts of one acquire (one attempt, or a
 // group's) on keys, and returns the channel a refusal of any of them
 // arrives on and the function that unregisters them.
-func (w *Waits) add(o *Owner, ws []WaiterKey, keys []string, since time.Time) (<-chan error, func()) {
+func (w *Waits) add(o *Session, ws []WaiterKey, keys []string, since time.Time) (<-chan error, func()) {
 	refuse := make(chan error, 1)
 	w.mu.Lock()
 	if w.m == nil {
 		w.m = map[WaiterKey]*flaggedWait{}
 	}
 	for i, k := range ws {
-		w.m[k] = &flaggedWait{owner: o, key: keys[i], since: since, refuse: refuse}
+		w.m[k] = &flaggedWait{session: o, key: keys[i], since: since, refuse: refuse}
 	}
 	w.mu.Unlock()
 	return refuse, func() {
@@ -54,21 +54,21 @@ func (w *Waits) add(o *Owner, ws []WaiterKey, keys []string, since time.Time) (<
 
 // Older returns the flagged waits that have waited since before t, a
 // time.Now reading (waiting times are liveness, not lease timing), of
-// Owners that hold a lock: a Session that holds nothing is in no cycle,
+// Sessions that hold a lock: a Session that holds nothing is in no cycle,
 // so the waiters of a busy key that hold nothing else cost the check no
 // reads.
 func (w *Waits) Older(t time.Time) []FlaggedWait {
 	w.mu.Lock()
 	var out []FlaggedWait
-	var owners []*Owner
+	var owners []*Session
 	for k, f := range w.m {
 		if f.since.Before(t) {
 			out = append(out, FlaggedWait{WaiterKey: k, Key: f.key, Since: f.since})
-			owners = append(owners, f.owner)
+			owners = append(owners, f.session)
 		}
 	}
 	w.mu.Unlock()
-	holding := map[*Owner]bool{}
+	holding := map[*Session]bool{}
 	kept := out[:0]
 	for i, fw := range out {
 		o := owners[i]
@@ -100,11 +100,11 @@ func (w *Waits) Refuse(k WaiterKey, err error) bool {
 	return true
 }
 
-// holdsAny reports whether the Owner holds a lock on any shard.
-func (o *Owner) holdsAny() bool {
-	o.mu.Lock()
-	var ss []*Session
-	for _, sl := range o.shards {
+// holdsAny reports whether the Session holds a lock on any shard.
+func (s *Session) holdsAny() bool {
+	s.mu.Lock()
+	var ss []*ShardSession
+	for _, sl := range s.shards {
 		select {
 		case <-sl.done:
 			if sl.s != nil {
@@ -113,7 +113,7 @@ func (o *Owner) holdsAny() bool {
 		default:
 		}
 	}
-	o.mu.Unlock()
+	s.mu.Unlock()
 	for _, s := range ss {
 		s.mu.Lock()
 		n := len(s.held)

@@ -30,13 +30,13 @@ func waitListed(t *testing.T, c *Client, n int) {
 	})
 }
 
-// A flagged wait is listed for the cross-shard check only when its Owner
-// holds a lock (an Owner that holds nothing is in no cycle), and a refusal
+// A flagged wait is listed for the cross-shard check only when its Session
+// holds a lock (an Session that holds nothing is in no cycle), and a refusal
 // ends the wait with its error and withdraws the attempt from the queue:
 // the key's release later grants nobody of it.
 func TestRefusedWaitLeavesTheQueue(t *testing.T) {
 	pc := newPromiseClient(t)
-	o1, o2, o3 := mustOwner(t, pc.Client), mustOwner(t, pc.Client), mustOwner(t, pc.Client)
+	o1, o2, o3 := mustSession(t, pc.Client), mustSession(t, pc.Client), mustSession(t, pc.Client)
 	x, _, err := o1.Acquire(pc.ctx, 2, "x", true, detail)
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestRefusedWaitLeavesTheQueue(t *testing.T) {
 
 	waits := pc.Waits().Older(time.Now().Add(time.Hour))
 	if len(waits) != 1 || waits[0].Key != "x" {
-		t.Fatalf("listed %+v, want only the wait of the Owner that holds y", waits)
+		t.Fatalf("listed %+v, want only the wait of the Session that holds y", waits)
 	}
 	if pc.Waits().Refuse(WaiterKey{Shard: 2, Session: 99, Req: 1}, errors.New("x")) {
 		t.Fatal("refused a wait that is not listed")

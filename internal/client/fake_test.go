@@ -276,7 +276,7 @@ func (tc *testClient) noMoreClosed(t *testing.T) {
 }
 
 // hold takes key on shard for o and returns the held lock.
-func (tc *testClient) hold(t *testing.T, o *Owner, shard uint64, key string) *Held {
+func (tc *testClient) hold(t *testing.T, o *Session, shard uint64, key string) *Held {
 	t.Helper()
 	h, retry, err := o.Acquire(tc.ctx, shard, key, true, Spec{})
 	if err != nil || retry || h == nil {

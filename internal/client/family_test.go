@@ -93,9 +93,9 @@ func newStateClient(t testing.TB) (*Client, *stateCluster, context.Context) {
 	return f.c, f, ctx
 }
 
-func mustOwner(t testing.TB, c *Client) *Owner {
+func mustSession(t testing.TB, c *Client) *Session {
 	t.Helper()
-	o, err := c.NewOwner(time.Minute)
+	o, err := c.NewSession(time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,12 +104,12 @@ func mustOwner(t testing.TB, c *Client) *Owner {
 
 var detail = Spec{Flags: lockfsm.FlagDetail | lockfsm.FlagDeadlock}
 
-// A reentrant Owner taking a key it holds gets the same grant with one
+// A reentrant Session taking a key it holds gets the same grant with one
 // more hold; the last Leave says to release. Another kind, or a
-// non-reentrant Owner, is refused with AlreadyHeld.
-func TestReentrantOwner(t *testing.T) {
+// non-reentrant Session, is refused with AlreadyHeld.
+func TestReentrantSession(t *testing.T) {
 	c, _, ctx := newStateClient(t)
-	o := mustOwner(t, c)
+	o := mustSession(t, c)
 	o.SetReentrant()
 	h1, _, err := o.Acquire(ctx, 2, "k", true, detail)
 	if err != nil {
@@ -126,7 +126,7 @@ func TestReentrantOwner(t *testing.T) {
 		t.Fatal("two holds must need two Leaves, the second the last")
 	}
 
-	plain := mustOwner(t, c)
+	plain := mustSession(t, c)
 	if _, _, err := plain.Acquire(ctx, 2, "p", true, detail); err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestReentrantOwner(t *testing.T) {
 // come back as their sentinels.
 func TestRefusalsAreTyped(t *testing.T) {
 	c, f, ctx := newStateClient(t)
-	a, b := mustOwner(t, c), mustOwner(t, c)
+	a, b := mustSession(t, c), mustSession(t, c)
 	held, _, err := a.Acquire(ctx, 2, "x", true, detail)
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestRefusalsAreTyped(t *testing.T) {
 // leaves nothing queued or held.
 func TestAcquireAll(t *testing.T) {
 	c, f, ctx := newStateClient(t)
-	a, b := mustOwner(t, c), mustOwner(t, c)
+	a, b := mustSession(t, c), mustSession(t, c)
 	specs := []Spec{detail, detail, detail}
 	hs, _, err := a.AcquireAll(ctx, 2, []string{"x", "y", "z"}, specs, true)
 	if err != nil || len(hs) != 3 || !(hs[0].Token() < hs[1].Token() && hs[1].Token() < hs[2].Token()) {
@@ -250,7 +250,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // LeaseExpired and the release goes to the cluster at once.
 func TestMaxHoldEndsTheGrant(t *testing.T) {
 	tc := newTestClient(t, 10*time.Second) // LeaseMargin 1s
-	o, err := tc.NewOwner(time.Minute)
+	o, err := tc.NewSession(time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +294,7 @@ func TestMaxHoldEndsTheGrant(t *testing.T) {
 // each found until the last is given back.
 func TestHeldOfFollowsEveryHold(t *testing.T) {
 	c, _, ctx := newStateClient(t)
-	o := mustOwner(t, c)
+	o := mustSession(t, c)
 	sem := Spec{Kind: lockfsm.KindSemaphore, Limit: 3, Permits: 1}
 	a, _, err := o.Acquire(ctx, 2, "sem", true, sem)
 	if err != nil {
@@ -308,7 +308,7 @@ func TestHeldOfFollowsEveryHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := o.Session(ctx, 2)
+	s, err := o.OnShard(ctx, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ func BenchmarkAcquireWithHeldLocks(b *testing.B) {
 		b.Run(fmt.Sprintf("held=%d", n), func(b *testing.B) {
 			c, f, ctx := newStateClient(b)
 			f.fast = true
-			o := mustOwner(b, c)
+			o := mustSession(b, c)
 			for i := range n {
 				if h, _, err := o.Acquire(ctx, 2, fmt.Sprintf("held/%d", i), true, Spec{}); err != nil || h == nil {
 					b.Fatalf("lock %d of %d: %v (nil: the session was lost)", i, n, err)

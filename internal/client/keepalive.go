@@ -49,10 +49,10 @@ func (c *Client) RunKeepAlives(ctx context.Context) {
 
 // interval is a quarter of the shortest TTL of ss, and of
 // Config.SessionTTL.
-func (c *Client) interval(ss []*Session) time.Duration {
+func (c *Client) interval(ss []*ShardSession) time.Duration {
 	interval := c.cfg.SessionTTL / 4
 	for _, s := range ss {
-		interval = min(interval, s.owner.ttl/4)
+		interval = min(interval, s.session.ttl/4)
 	}
 	return interval
 }
@@ -77,9 +77,9 @@ func (c *Client) kickKeepAlives() {
 // A maximum hold's deadline is checked the same way, but only after a
 // suspension (the lease clock moved on further than Go's since the last
 // round): there may be many holds, and otherwise their timers are on time.
-func (c *Client) round(ctx context.Context, ss []*Session, interval time.Duration) {
+func (c *Client) round(ctx context.Context, ss []*ShardSession, interval time.Duration) {
 	suspended := c.suspendedSinceLastRound()
-	byShard := map[uint64][]*Session{}
+	byShard := map[uint64][]*ShardSession{}
 	for _, s := range ss {
 		if s.CheckDeadline(); s.isLost() {
 			continue
@@ -103,7 +103,7 @@ func (c *Client) round(ctx context.Context, ss []*Session, interval time.Duratio
 // keepAlive sends the keepalive of ss, sessions on shard, and applies the
 // answer: expired sessions are lost, the others extended from the send
 // time. A failed call changes nothing; the deadlines run on.
-func (c *Client) keepAlive(ctx context.Context, shard uint64, ss []*Session, interval time.Duration) {
+func (c *Client) keepAlive(ctx context.Context, shard uint64, ss []*ShardSession, interval time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, interval)
 	defer cancel()
 	ids := make([]uint64, len(ss))
@@ -148,7 +148,7 @@ type roundReadings struct{ lease, mono time.Time }
 
 // checkHolds ends the holds of s whose maximum has passed on the lease
 // clock, as their timers would have had they counted a suspension.
-func (s *Session) checkHolds() {
+func (s *ShardSession) checkHolds() {
 	s.mu.Lock()
 	var hs []*Held
 	for _, list := range s.held {

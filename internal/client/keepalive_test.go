@@ -67,15 +67,15 @@ func (tc *testClient) noCalls(t *testing.T) {
 
 // One round: one call per shard carrying every live session there; an
 // ack extends each from the send time, an expired id loses its session
-// (and its Owner, whose other sessions are closed on the cluster); the
+// (and its Session, whose other sessions are closed on the cluster); the
 // next round is timed from the start of this one, however long it took.
 func TestKeepAliveRound(t *testing.T) {
 	tc := newTestClient(t, time.Second) // rounds every 250ms
-	a, _ := tc.NewOwner(time.Second)
-	b, _ := tc.NewOwner(time.Second)
+	a, _ := tc.NewSession(time.Second)
+	b, _ := tc.NewSession(time.Second)
 	a2, a3 := tc.hold(t, a, 2, "a2"), tc.hold(t, a, 3, "a3")
 	b2 := tc.hold(t, b, 2, "b2")
-	orphan, _ := tc.NewOwner(time.Second)
+	orphan, _ := tc.NewSession(time.Second)
 	tc.hold(t, orphan, 2, "o2")
 	orphan.Orphan()
 
@@ -123,7 +123,7 @@ func TestKeepAliveRound(t *testing.T) {
 	closed := tc.waitClosed(t, 2)
 	slices.Sort(closed)
 	if !slices.Equal(closed, sorted(a2.Session().ID(), a3.Session().ID())) {
-		t.Fatalf("closed %v, want the expired Owner's sessions %d and %d", closed, a2.Session().ID(), a3.Session().ID())
+		t.Fatalf("closed %v, want the expired Session's sessions %d and %d", closed, a2.Session().ID(), a3.Session().ID())
 	}
 	tc.noMoreClosed(t)
 
@@ -156,7 +156,7 @@ func TestKeepAliveKickMovesTheRoundUp(t *testing.T) {
 		t.Fatalf("idle loop set for %v after start, want SessionTTL/4 = 250ms", at.Sub(start))
 	}
 	tc.rounds.Jump(40 * time.Millisecond)
-	short, _ := tc.NewOwner(400 * time.Millisecond)
+	short, _ := tc.NewSession(400 * time.Millisecond)
 	h := tc.hold(t, short, 2, "k")
 	if at := tc.nextArmed(t); at != start.Add(100*time.Millisecond) {
 		t.Fatalf("after a 400ms-TTL session opened the round is set for %v after start, want 100ms", at.Sub(start))

@@ -66,7 +66,7 @@ func TestLeaseRules(t *testing.T) {
 // (Moved here from node/unlock_test.go with the lease logic.)
 func TestExtendNeverRevivesAPassedDeadline(t *testing.T) {
 	tc := newTestClient(t, time.Second) // margin 100ms
-	o, _ := tc.NewOwner(time.Second)
+	o, _ := tc.NewSession(time.Second)
 	h := tc.hold(t, o, 2, "k")
 	s := h.Session()
 
@@ -98,7 +98,7 @@ func TestExtendNeverRevivesAPassedDeadline(t *testing.T) {
 // the deadline timer follows it.
 func TestExtendMovesTheDeadlineForwardOnly(t *testing.T) {
 	tc := newTestClient(t, time.Second)
-	o, _ := tc.NewOwner(2 * time.Second) // margin max(100ms, 200ms) = 200ms
+	o, _ := tc.NewSession(2 * time.Second) // margin max(100ms, 200ms) = 200ms
 	h := tc.hold(t, o, 2, "k")
 	s := h.Session()
 	opened := epoch
@@ -132,7 +132,7 @@ func TestExtendMovesTheDeadlineForwardOnly(t *testing.T) {
 // or Err, before the deadline timer has run.
 func TestCheckDeadlineAfterAPause(t *testing.T) {
 	tc := newTestClient(t, time.Second)
-	o, _ := tc.NewOwner(time.Second)
+	o, _ := tc.NewSession(time.Second)
 	h := tc.hold(t, o, 2, "k")
 	tc.lease.Jump(899 * time.Millisecond)
 	select {
@@ -161,13 +161,13 @@ func TestCheckDeadlineAfterAPause(t *testing.T) {
 }
 
 // A loss happens once: every held lock of the session reports the first
-// error, the whole Owner ends with it, and each of the Owner's sessions is
+// error, the whole Session ends with it, and each of the Session's sessions is
 // closed on the cluster exactly once.
 func TestLossIsOnceAndEndsEveryLock(t *testing.T) {
 	tc := newTestClient(t, time.Second)
-	o, _ := tc.NewOwner(time.Second)
+	o, _ := tc.NewSession(time.Second)
 	a, b := tc.hold(t, o, 2, "a"), tc.hold(t, o, 2, "b")
-	other := tc.hold(t, o, 3, "c") // the Owner's session on another shard
+	other := tc.hold(t, o, 3, "c") // the Session's session on another shard
 	s := a.Session()
 	if b.Session() != s || other.Session() == s {
 		t.Fatal("test broken: sessions are not as planned")
@@ -191,29 +191,29 @@ func TestLossIsOnceAndEndsEveryLock(t *testing.T) {
 
 	// Nothing more is taken in the ended Owner: it says why it ended.
 	if h, retry, _ := o.Acquire(tc.ctx, 2, "d", true, Spec{}); h != nil || !retry {
-		t.Fatalf("Acquire in a lost Owner: %v, retry %v", h, retry)
+		t.Fatalf("Acquire in a lost Session: %v, retry %v", h, retry)
 	}
 	if err := a.Unlock(tc.ctx); !errors.Is(err, errLeaseExpired) {
 		t.Fatalf("Unlock of a lost lock: %v, want the lease-expired error", err)
 	}
 }
 
-// An orphaned Owner is not kept alive and not closed on the cluster: its
+// An orphaned Session is not kept alive and not closed on the cluster: its
 // TTL decides there, and its locks end when their leases run out here.
 func TestOrphanLeavesTheTTLToDecide(t *testing.T) {
 	tc := newTestClient(t, time.Second)
-	o, _ := tc.NewOwner(time.Second)
+	o, _ := tc.NewSession(time.Second)
 	h := tc.hold(t, o, 2, "k")
 	o.Orphan()
 	if len(tc.live()) != 0 {
-		t.Fatal("an orphaned Owner's session is still kept alive")
+		t.Fatal("an orphaned Session's session is still kept alive")
 	}
 	tc.lease.Advance(900 * time.Millisecond)
 	if !doneNow(h) || !errors.Is(h.Err(), errLeaseExpired) {
 		t.Fatalf("orphaned lock past its deadline: done %v, Err %v", doneNow(h), h.Err())
 	}
 	if err := o.Close(tc.ctx); err != nil {
-		t.Fatalf("Close of an ended, orphaned Owner: %v", err)
+		t.Fatalf("Close of an ended, orphaned Session: %v", err)
 	}
 	tc.noMoreClosed(t)
 }
@@ -223,7 +223,7 @@ func TestOrphanLeavesTheTTLToDecide(t *testing.T) {
 // doc said it did); the lock ends with ErrSessionClosed, said once.
 func TestCloseAfterOrphanReleases(t *testing.T) {
 	tc := newTestClient(t, time.Second)
-	o, _ := tc.NewOwner(time.Second)
+	o, _ := tc.NewSession(time.Second)
 	h := tc.hold(t, o, 2, "k")
 	o.Orphan()
 	if err := o.Close(tc.ctx); err != nil {
@@ -241,13 +241,13 @@ func TestCloseAfterOrphanReleases(t *testing.T) {
 	tc.noMoreClosed(t)
 }
 
-// A key an Owner holds cannot be locked through it again: that would queue
-// behind itself until ctx ended (issue 18). A shared default Owner is
+// A key an Session holds cannot be locked through it again: that would queue
+// behind itself until ctx ended (issue 18). A shared default Session is
 // every caller of the node, so there the second Lock is another caller's
 // and goes to the cluster.
 func TestLockingAHeldKeyFailsAtOnce(t *testing.T) {
 	tc := newTestClient(t, time.Second)
-	o, _ := tc.NewOwner(time.Second)
+	o, _ := tc.NewSession(time.Second)
 	h := tc.hold(t, o, 2, "k")
 	for _, wait := range []bool{true, false} {
 		if _, _, err := o.Acquire(tc.ctx, 2, "k", wait, Spec{}); !errors.Is(err, lockerr.AlreadyHeld) {
@@ -266,7 +266,7 @@ func TestLockingAHeldKeyFailsAtOnce(t *testing.T) {
 	}
 	tc.hold(t, d, 2, "d")
 	if _, _, err := d.Acquire(tc.ctx, 2, "d", false, Spec{}); errors.Is(err, lockerr.AlreadyHeld) {
-		t.Fatalf("the shared default Owner refused another caller's TryLock as its own: %v", err)
+		t.Fatalf("the shared default Session refused another caller's TryLock as its own: %v", err)
 	}
 }
 
@@ -274,7 +274,7 @@ func TestLockingAHeldKeyFailsAtOnce(t *testing.T) {
 // does not commit gives up the session: the key is then freed by expiry.
 func TestUnlockAndAFailedRelease(t *testing.T) {
 	tc := newTestClient(t, time.Second)
-	o, _ := tc.NewOwner(time.Second)
+	o, _ := tc.NewSession(time.Second)
 	h := tc.hold(t, o, 2, "k")
 	if err := h.Unlock(tc.ctx); err != nil {
 		t.Fatalf("Unlock: %v", err)
@@ -307,26 +307,26 @@ func TestUnlockAndAFailedRelease(t *testing.T) {
 	tc.noMoreClosed(t)
 }
 
-// The registry: one default Owner per shard, replaced once it ends; no
-// Owner after Close, which ends every Owner and closes its sessions.
+// The registry: one default Session per shard, replaced once it ends; no
+// Session after Close, which ends every Session and closes its sessions.
 func TestDefaultsAndClose(t *testing.T) {
 	tc := newTestClient(t, time.Second)
 	d2, _ := tc.Default(2)
 	if again, _ := tc.Default(2); again != d2 {
-		t.Fatal("a live default Owner was replaced")
+		t.Fatal("a live default Session was replaced")
 	}
 	if d3, _ := tc.Default(3); d3 == d2 {
-		t.Fatal("two shards share a default Owner")
+		t.Fatal("two shards share a default Session")
 	}
 	h := tc.hold(t, d2, 2, "k")
 	h.Session().Lose(errLeaseExpired)
 	tc.waitClosed(t, 1)
 	if next, _ := tc.Default(2); next == d2 {
-		t.Fatal("a lost default Owner was reused")
+		t.Fatal("a lost default Session was reused")
 	}
-	o, _ := tc.NewOwner(time.Second)
+	o, _ := tc.NewSession(time.Second)
 	held := tc.hold(t, o, 3, "k")
-	orphan, _ := tc.NewOwner(time.Second)
+	orphan, _ := tc.NewSession(time.Second)
 	tc.hold(t, orphan, 3, "j")
 	orphan.Orphan()
 
@@ -340,8 +340,8 @@ func TestDefaultsAndClose(t *testing.T) {
 		t.Fatalf("Close closed %v on the cluster, want only session %d (not the orphan's)", got, held.Session().ID())
 	}
 	tc.noMoreClosed(t)
-	if _, err := tc.NewOwner(time.Second); !errors.Is(err, errClosed) {
-		t.Fatalf("NewOwner after Close: %v", err)
+	if _, err := tc.NewSession(time.Second); !errors.Is(err, errClosed) {
+		t.Fatalf("NewSession after Close: %v", err)
 	}
 	if _, err := tc.Default(4); !errors.Is(err, errClosed) {
 		t.Fatalf("Default after Close: %v", err)

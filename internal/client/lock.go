@@ -17,7 +17,7 @@ import (
 // was granted, its fencing token, and whether this holder may still rely
 // on it. Safe for concurrent use.
 type Held struct {
-	s     *Session
+	s     *ShardSession
 	key   string
 	req   uint64
 	token uint64
@@ -25,7 +25,7 @@ type Held struct {
 	// holdDeadline is when this holder stops relying on a grant with a
 	// maximum hold (Spec.MaxHold): zero for none.
 	holdDeadline time.Time
-	// holds counts the holds of a reentrant Owner on this grant (1 for
+	// holds counts the holds of a reentrant Session on this grant (1 for
 	// the first); guarded by mu. Once the last is left the grant is
 	// ending: nothing may re-enter it.
 	holds int
@@ -48,7 +48,7 @@ type Held struct {
 // the last request that found the attempt not yet granted: its Acquire,
 // or a later read) plus the maximum, less the lease margin: the leader
 // counts the maximum from when it first sees the grant, which is later.
-func (s *Session) newHeld(key string, req, token uint64, spec Spec, since time.Time) *Held {
+func (s *ShardSession) newHeld(key string, req, token uint64, spec Spec, since time.Time) *Held {
 	h := &Held{s: s, key: key, req: req, token: token, spec: spec, holds: 1, unlisted: make(chan struct{}), done: make(chan struct{})}
 	if spec.MaxHold > 0 {
 		h.holdDeadline = since.Add(spec.MaxHold - Margin(spec.MaxHold, s.c.cfg.LeaseMargin))
@@ -93,7 +93,7 @@ func (h *Held) checkHold() {
 // heldOf returns s's hold of key, or nil. It looks the key up: a scan of
 // every held lock made taking locks slower with each one held (at 500k
 // held locks, three quarters of a peer's CPU).
-func (s *Session) heldOf(key string) *Held {
+func (s *ShardSession) heldOf(key string) *Held {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if hs := s.held[key]; len(hs) > 0 {
@@ -104,7 +104,7 @@ func (s *Session) heldOf(key string) *Held {
 
 // listedHold returns s's holds of key as listed now: the first that has
 // ended or is ending (see Held.ending), and the first that is live.
-func (s *Session) listedHold(key string) (ending, live *Held) {
+func (s *ShardSession) listedHold(key string) (ending, live *Held) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, h := range s.held[key] {
@@ -127,7 +127,7 @@ func (s *Session) listedHold(key string) (ending, live *Held) {
 // that an acquire of the key takes it anew rather than re-enter a grant
 // on its way out or be told the key is held. lost is true when the
 // session was lost meanwhile.
-func (s *Session) liveHold(ctx context.Context, key string) (live *Held, lost bool, err error) {
+func (s *ShardSession) liveHold(ctx context.Context, key string) (live *Held, lost bool, err error) {
 	for {
 		ending, live := s.listedHold(key)
 		if ending == nil {
@@ -147,7 +147,7 @@ func (s *Session) liveHold(ctx context.Context, key string) (live *Held, lost bo
 }
 
 // dropHeld forgets h as held, if it is listed. s.mu is held.
-func (s *Session) dropHeld(h *Held) {
+func (s *ShardSession) dropHeld(h *Held) {
 	i := slices.Index(s.held[h.key], h)
 	if i < 0 {
 		return // the session was lost, which unlisted it
@@ -177,7 +177,7 @@ type Spec struct {
 // Spec returns what the grant was asked as.
 func (h *Held) Spec() Spec { return h.spec }
 
-// Reenter counts one more hold of h by its reentrant Owner, and reports
+// Reenter counts one more hold of h by its reentrant Session, and reports
 // false when h has ended or is ending (see ending): the caller then waits
 // for its release and acquires anew.
 func (h *Held) Reenter() bool {
@@ -224,7 +224,7 @@ func (h *Held) Token() uint64 { return h.token }
 func (h *Held) Req() uint64 { return h.req }
 
 // Session returns the replicated session that holds the lock.
-func (h *Held) Session() *Session { return h.s }
+func (h *Held) Session() *ShardSession { return h.s }
 
 // Done is closed when the holder can no longer rely on the lock. It
 // compares the lease deadline with the clock on every call, so that a
@@ -380,7 +380,7 @@ func (h *Held) releaseInBackground() <-chan outcome {
 	}
 	s.c.cfg.Go(func(bg context.Context) {
 		defer s.attempts.EndRelease(h.key, done)
-		ctx, cancel := context.WithTimeout(bg, s.owner.ttl)
+		ctx, cancel := context.WithTimeout(bg, s.session.ttl)
 		defer cancel()
 		res, err := s.release(ctx, h.req)
 		out <- outcome{res: res, err: err}
@@ -400,7 +400,7 @@ func (h *Held) releaseInBackground() <-chan outcome {
 // keeps the released attempt until this side has the answer: a release
 // retried after its first try committed (the answer was lost) is answered
 // OK again instead of "not held".
-func (s *Session) ReleaseCommand(target uint64) (cmd lockfsm.Command, done func()) {
+func (s *ShardSession) ReleaseCommand(target uint64) (cmd lockfsm.Command, done func()) {
 	req := s.attempts.Begin()
 	cmd = lockfsm.Command{Op: lockfsm.OpRelease, Session: s.id, Req: req, Target: target, Ack: s.attempts.Ack()}
 	return cmd, func() { s.attempts.Finish(req) }
@@ -408,13 +408,13 @@ func (s *Session) ReleaseCommand(target uint64) (cmd lockfsm.Command, done func(
 
 // release commits the release of the attempt target, retrying idempotently
 // until ctx ends.
-func (s *Session) release(ctx context.Context, target uint64) (lockfsm.Result, error) {
+func (s *ShardSession) release(ctx context.Context, target uint64) (lockfsm.Result, error) {
 	cmd, done := s.ReleaseCommand(target)
 	defer done()
 	return s.c.cfg.Apply(ctx, s.shard, cmd)
 }
 
-// Acquire takes key, which lives in shard, for the Owner as spec asks:
+// Acquire takes key, which lives in shard, for the Session as spec asks:
 // in its replicated session there (opened if needed), after the
 // session's own releases of key in flight, and its withdrawals of
 // abandoned attempts on key, have committed. With wait it queues behind
@@ -422,29 +422,29 @@ func (s *Session) release(ctx context.Context, target uint64) (lockfsm.Result, e
 // without, a key it cannot take now fails at once with a
 // *lockerr.LockedError.
 //
-// A key the Owner holds already fails at once with lockerr.AlreadyHeld,
-// unless the Owner is a shared default one (its other holder is another
+// A key the Session holds already fails at once with lockerr.AlreadyHeld,
+// unless the Session is a shared default one (its other holder is another
 // caller), the key is a semaphore's (each take of permits is a grant of
-// its own), or the Owner is reentrant and the hold is of the same kind
+// its own), or the Session is reentrant and the hold is of the same kind
 // (then the same grant is returned, with one more hold). A hold that has
 // ended or is ending (its last hold left, its maximum hold reached) is no
 // longer held: Acquire waits for its release and takes the key anew.
 //
-// retry is true, with a nil lock and error, when the Owner's session was
-// lost on the way: the caller starts over in a live Owner, or reports the
-// Owner's error. When ctx ends first, the attempt leaves the queue (a
+// retry is true, with a nil lock and error, when the Session's session was
+// lost on the way: the caller starts over in a live Session, or reports the
+// Session's error. When ctx ends first, the attempt leaves the queue (a
 // grant that raced it is released) and a *WaitError wrapping ctx's error
 // is returned.
-func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool, spec Spec) (h *Held, retry bool, err error) {
-	s, err := o.Session(ctx, shard)
+func (s *Session) Acquire(ctx context.Context, shard uint64, key string, wait bool, spec Spec) (h *Held, retry bool, err error) {
+	sh, err := s.OnShard(ctx, shard)
 	if err != nil {
-		if o.Err() != nil {
+		if s.Err() != nil {
 			return nil, true, nil
 		}
 		return nil, false, fmt.Errorf("lock %q: %w", key, err)
 	}
 	for {
-		held, lost, err := s.liveHold(ctx, key)
+		held, lost, err := sh.liveHold(ctx, key)
 		if lost {
 			return nil, true, nil
 		}
@@ -452,11 +452,11 @@ func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool
 			return nil, false, fmt.Errorf("lock %q: wait for this session's hold to be given up: %w", key, err)
 		}
 		// A semaphore's permits may be taken several times over by one
-		// Owner, each take its own grant, as its goroutines would.
-		if held == nil || o.shared || spec.Kind == lockfsm.KindSemaphore {
+		// Session, each take its own grant, as its goroutines would.
+		if held == nil || s.shared || spec.Kind == lockfsm.KindSemaphore {
 			break
 		}
-		if !o.reentrant {
+		if !s.reentrant {
 			// It would queue behind itself until ctx ends.
 			return nil, false, fmt.Errorf("lock %q: %w: unlock it first, lock it through another Session, or make the Session reentrant (WithReentrant)", key, lockerr.AlreadyHeld)
 		}
@@ -468,13 +468,13 @@ func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool
 		}
 		// Its last hold was left since liveHold looked: wait it out.
 	}
-	if err := s.attempts.AwaitRelease(ctx, key, s.lost); err != nil {
+	if err := sh.attempts.AwaitRelease(ctx, key, sh.lost); err != nil {
 		return nil, false, fmt.Errorf("lock %q: wait for this session's release: %w", key, err)
 	}
-	if s.isLost() {
+	if sh.isLost() {
 		return nil, true, nil
 	}
-	hs, retry, err := s.attempt(ctx, []string{key}, []Spec{spec}, wait)
+	hs, retry, err := sh.attempt(ctx, []string{key}, []Spec{spec}, wait)
 	if len(hs) == 0 {
 		return nil, retry, err
 	}
@@ -485,44 +485,44 @@ func (o *Owner) Acquire(ctx context.Context, shard uint64, key string, wait bool
 // Owner: in one Raft entry, all or none (an all-or-nothing group; see
 // lockfsm.Command.Group, or a plain acquire for a single key), each as
 // its spec asks. It fails as Acquire does, but is never reentrant: a key
-// the Owner holds already, as any kind, fails it at once with
+// the Session holds already, as any kind, fails it at once with
 // lockerr.AlreadyHeld, before anything is sent. When ctx ends first, the
 // whole group leaves the queues, and a grant that raced it is released.
-func (o *Owner) AcquireAll(ctx context.Context, shard uint64, keys []string, specs []Spec, wait bool) (hs []*Held, retry bool, err error) {
-	s, err := o.Session(ctx, shard)
+func (s *Session) AcquireAll(ctx context.Context, shard uint64, keys []string, specs []Spec, wait bool) (hs []*Held, retry bool, err error) {
+	sh, err := s.OnShard(ctx, shard)
 	if err != nil {
-		if o.Err() != nil {
+		if s.Err() != nil {
 			return nil, true, nil
 		}
 		return nil, false, fmt.Errorf("lock %q: %w", keys[0], err)
 	}
 	for _, key := range keys {
-		held, lost, err := s.liveHold(ctx, key)
+		held, lost, err := sh.liveHold(ctx, key)
 		if lost {
 			return nil, true, nil
 		}
 		if err != nil {
 			return nil, false, fmt.Errorf("lock %q: wait for this session's hold to be given up: %w", key, err)
 		}
-		if held != nil && !o.shared {
+		if held != nil && !s.shared {
 			return nil, false, fmt.Errorf("lock %q: %w: unlock it first, or lock through another Session (LockAll never re-enters a key)", key, lockerr.AlreadyHeld)
 		}
 	}
 	for _, key := range keys {
-		if err := s.attempts.AwaitRelease(ctx, key, s.lost); err != nil {
+		if err := sh.attempts.AwaitRelease(ctx, key, sh.lost); err != nil {
 			return nil, false, fmt.Errorf("lock %q: wait for this session's release: %w", key, err)
 		}
 	}
-	if s.isLost() {
+	if sh.isLost() {
 		return nil, true, nil
 	}
-	return s.attempt(ctx, keys, specs, wait)
+	return sh.attempt(ctx, keys, specs, wait)
 }
 
 // attempt makes one acquire attempt in s: of one key, or of an
 // all-or-nothing group of keys in one entry. retry is true when the
 // session was lost on the way.
-func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait bool) (hs []*Held, retry bool, err error) {
+func (s *ShardSession) attempt(ctx context.Context, keys []string, specs []Spec, wait bool) (hs []*Held, retry bool, err error) {
 	c := s.c
 	n := len(keys)
 	first := s.attempts.BeginN(n)
@@ -612,7 +612,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 			ws[i] = WaiterKey{Shard: s.shard, Session: s.id, Req: first + uint64(i)}
 		}
 		var unwatch func()
-		refused, unwatch = c.waits.add(s.owner, ws, keys, time.Now())
+		refused, unwatch = c.waits.add(s.session, ws, keys, time.Now())
 		defer unwatch()
 	}
 
@@ -621,7 +621,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 	// notice, or the slow re-read that covers lost notices, is checked
 	// against the replicated state. The re-read is liveness, not lease
 	// timing, so it runs on Go's timers.
-	poll := time.NewTicker(s.owner.ttl / 4)
+	poll := time.NewTicker(s.session.ttl / 4)
 	defer poll.Stop()
 	missing := func() int {
 		for i, t := range tokens {
@@ -682,7 +682,7 @@ func (s *Session) attempt(ctx context.Context, keys []string, specs []Spec, wait
 }
 
 // newHelds records the grants of the attempts from first.
-func (s *Session) newHelds(keys []string, first uint64, tokens []uint64, specs []Spec, since time.Time) []*Held {
+func (s *ShardSession) newHelds(keys []string, first uint64, tokens []uint64, specs []Spec, since time.Time) []*Held {
 	hs := make([]*Held, len(keys))
 	for i, key := range keys {
 		hs[i] = s.newHeld(key, first+uint64(i), tokens[i], specs[i], since)
@@ -722,14 +722,14 @@ func refusal(key string, res lockfsm.Result) error {
 // otherwise keep the abandoned request queued, or granted to nobody, for
 // as long as this peer lives, and the key with it (seen under delay-drop).
 // Losing the session closes it on the cluster, which ends the request.
-func (s *Session) abandon(keys []string, first uint64) bool {
+func (s *ShardSession) abandon(keys []string, first uint64) bool {
 	return s.withdraw(keys, first, s.startWithdrawal(keys))
 }
 
 // startWithdrawal records that the attempts on keys are being withdrawn,
 // so that a new acquire of one of the keys through this session waits for
 // the withdrawal (withdraw) to commit. nil when the Client has stopped.
-func (s *Session) startWithdrawal(keys []string) []chan struct{} {
+func (s *ShardSession) startWithdrawal(keys []string) []chan struct{} {
 	if s.c.stopped() {
 		return nil
 	}
@@ -742,7 +742,7 @@ func (s *Session) startWithdrawal(keys []string) []chan struct{} {
 
 // withdraw commits, in the background, the withdrawal startWithdrawal
 // recorded (abandon).
-func (s *Session) withdraw(keys []string, first uint64, withdrawals []chan struct{}) bool {
+func (s *ShardSession) withdraw(keys []string, first uint64, withdrawals []chan struct{}) bool {
 	if withdrawals == nil {
 		return false
 	}
@@ -753,7 +753,7 @@ func (s *Session) withdraw(keys []string, first uint64, withdrawals []chan struc
 				s.attempts.EndRelease(key, withdrawals[i])
 			}
 		}()
-		ctx, cancel := context.WithTimeout(bg, s.owner.ttl)
+		ctx, cancel := context.WithTimeout(bg, s.session.ttl)
 		defer cancel()
 		// One cancel withdraws a whole waiting group; each releases its
 		// own attempt if the group was granted meanwhile.
@@ -815,12 +815,12 @@ func (e *WaitError) Unwrap() error { return e.Err }
 // where somebody held it or waited ahead, or the first key if there is
 // none (the group was granted or withdrawn meanwhile). A read that fails
 // leaves the details out.
-func (s *Session) waitError(ctx context.Context, keys []string, first uint64) error {
+func (s *ShardSession) waitError(ctx context.Context, keys []string, first uint64) error {
 	unknown := &WaitError{Key: keys[0], Err: ctx.Err()}
 	if s.c.cfg.ReadKey == nil {
 		return unknown
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.owner.ttl/4, time.Second))
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.session.ttl/4, time.Second))
 	defer cancel()
 	var firstRead *WaitError
 	for i, key := range keys {

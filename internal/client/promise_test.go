@@ -180,7 +180,7 @@ func TestRetryWaitsForTheWithdrawalOfItsAbandonedAttempt(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pc := newPromiseClient(t)
-			o := mustOwner(t, pc.Client)
+			o := mustSession(t, pc.Client)
 			withdrawal := make(gate)
 			var lost atomic.Bool
 			pc.cluster.intercept(func(ctx context.Context, cmds []lockfsm.Command, apply func() []lockfsm.Result) ([]lockfsm.Result, error) {
@@ -219,7 +219,7 @@ func TestRetryWaitsForTheWithdrawalOfItsAbandonedAttempt(t *testing.T) {
 
 // acquireKeys takes keys for o on shard 2 as mutexes checked for
 // deadlocks: one key with Acquire, more with AcquireAll.
-func acquireKeys(ctx context.Context, o *Owner, keys []string) ([]*Held, error) {
+func acquireKeys(ctx context.Context, o *Session, keys []string) ([]*Held, error) {
 	if len(keys) == 1 {
 		h, _, err := o.Acquire(ctx, 2, keys[0], true, detail)
 		if h == nil {
@@ -242,7 +242,7 @@ func acquireKeys(ctx context.Context, o *Owner, keys []string) ([]*Held, error) 
 // takes the key anew, with a new token.
 func TestReentryAfterTheLastLeaveTakesTheKeyAnew(t *testing.T) {
 	pc := newPromiseClient(t)
-	o := mustOwner(t, pc.Client)
+	o := mustSession(t, pc.Client)
 	o.SetReentrant()
 	h, _, err := o.Acquire(pc.ctx, 2, "k", true, detail)
 	if err != nil {
@@ -272,7 +272,7 @@ func TestReentryAfterTheLastLeaveTakesTheKeyAnew(t *testing.T) {
 // instead of failing with AlreadyHeld.
 func TestAcquireAfterAnEndedHoldTakesTheKeyAnew(t *testing.T) {
 	pc := newPromiseClient(t)
-	o := mustOwner(t, pc.Client)
+	o := mustSession(t, pc.Client)
 	h, _, err := o.Acquire(pc.ctx, 2, "k", true, detail)
 	if err != nil {
 		t.Fatal(err)
@@ -297,7 +297,7 @@ func TestAcquireAfterAnEndedHoldTakesTheKeyAnew(t *testing.T) {
 // flight, waits for it, and is granted: never refused by its own release.
 func TestTryLockDuringItsSessionsReleaseIsNotRefusedByIt(t *testing.T) {
 	pc := newPromiseClient(t)
-	o := mustOwner(t, pc.Client)
+	o := mustSession(t, pc.Client)
 	h, _, err := o.Acquire(pc.ctx, 2, "k", true, detail)
 	if err != nil {
 		t.Fatal(err)
@@ -339,7 +339,7 @@ func TestTryLockDuringItsSessionsReleaseIsNotRefusedByIt(t *testing.T) {
 // still holds a permit the try needs.
 func TestAcquireWaitsForEveryReleaseOfTheKey(t *testing.T) {
 	pc := newPromiseClient(t)
-	o := mustOwner(t, pc.Client)
+	o := mustSession(t, pc.Client)
 	one := Spec{Kind: lockfsm.KindSemaphore, Limit: 2, Permits: 1}
 	h1, _, err := o.Acquire(pc.ctx, 2, "sem", true, one)
 	if err != nil {
@@ -382,7 +382,7 @@ func TestAcquireWaitsForEveryReleaseOfTheKey(t *testing.T) {
 // its holders; only when no key names any, the first key.
 func TestRefusedGroupNamesAKeySomebodyHolds(t *testing.T) {
 	pc := newPromiseClient(t)
-	a, b := mustOwner(t, pc.Client), mustOwner(t, pc.Client)
+	a, b := mustSession(t, pc.Client), mustSession(t, pc.Client)
 	held, _, err := b.Acquire(pc.ctx, 2, "{u}/b", true, detail)
 	if err != nil {
 		t.Fatal(err)
@@ -413,7 +413,7 @@ func TestRefusedGroupNamesAKeySomebodyHolds(t *testing.T) {
 // the details out but keeps the error.
 func TestAWaitThatGivesUpSaysWhomItWaitedBehind(t *testing.T) {
 	pc := newPromiseClient(t)
-	a, b, c := mustOwner(t, pc.Client), mustOwner(t, pc.Client), mustOwner(t, pc.Client)
+	a, b, c := mustSession(t, pc.Client), mustSession(t, pc.Client), mustSession(t, pc.Client)
 	holder, _, err := a.Acquire(pc.ctx, 2, "k", true, detail)
 	if err != nil {
 		t.Fatal(err)

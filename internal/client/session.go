@@ -1,7 +1,7 @@
 package client
 
 import (
-	"context"
+	sess "context"
 	"errors"
 	"fmt"
 	"sync"
@@ -11,23 +11,23 @@ import (
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
-// Owner is the client side of a node.Session: the owner of one replicated
+// Session is the client side of a node.Session: the owner of one replicated
 // session on each shard it has taken a lock on, all kept alive by the
 // Client's keepalive loop and all ending together. When any of them is
-// lost, the whole Owner ends, every lock taken through it reports the
+// lost, the whole Session ends, every lock taken through it reports the
 // loss, and the others are closed on the cluster so their keys pass on at
 // once. Safe for concurrent use.
-type Owner struct {
+type Session struct {
 	c   *Client
 	ttl time.Duration
-	// label names the Owner on every shard: each of its replicated
+	// label names the Session on every shard: each of its replicated
 	// sessions has an id of its shard's own, and all carry this label.
 	label uint64
-	// shared is set for the default Owners node.Lock uses: every goroutine
+	// shared is set for the default Sessions node.Lock uses: every goroutine
 	// of the node locks through them, so a second Lock of a held key is
 	// another goroutine queueing behind the first, not a self-wait.
 	shared bool
-	// reentrant lets the Owner take a key it holds again (same kind): it
+	// reentrant lets the Session take a key it holds again (same kind): it
 	// gets the same grant with one more hold (node.WithReentrant).
 	reentrant bool
 
@@ -41,92 +41,92 @@ type Owner struct {
 // slot lets concurrent callers share one session open.
 type slot struct {
 	done chan struct{}
-	s    *Session
+	s    *ShardSession
 	err  error
 }
 
-// SetReentrant makes the Owner reentrant; call it before its first lock.
-func (o *Owner) SetReentrant() { o.reentrant = true }
+// SetReentrant makes the Session reentrant; call it before its first lock.
+func (s *Session) SetReentrant() { s.reentrant = true }
 
-// Shared reports whether the Owner is a shared default one (node.Lock's).
-func (o *Owner) Shared() bool { return o.shared }
+// Shared reports whether the Session is a shared default one (node.Lock's).
+func (s *Session) Shared() bool { return s.shared }
 
-// Label returns the Owner's label: random, never 0, and given to every
+// Label returns the Session's label: random, never 0, and given to every
 // replicated session it opens once the cluster's level allows it.
-func (o *Owner) Label() uint64 { return o.label }
+func (s *Session) Label() uint64 { return s.label }
 
-// TTL returns the Owner's time to live.
-func (o *Owner) TTL() time.Duration { return o.ttl }
+// TTL returns the Session's time to live.
+func (s *Session) TTL() time.Duration { return s.ttl }
 
-// Done is closed when the Owner ends; Err says why.
-func (o *Owner) Done() <-chan struct{} { return o.done }
+// Done is closed when the Session ends; Err says why.
+func (s *Session) Done() <-chan struct{} { return s.done }
 
-// Err returns nil while the Owner lives, then why Done closed: lost
+// Err returns nil while the Session lives, then why Done closed: lost
 // (lockerr.LeaseExpired), closed (lockerr.SessionClosed) or ended with its
 // node (lockerr.Closed).
-func (o *Owner) Err() error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.err
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
-// Orphan stops the Owner's keepalives without closing it: the cluster
+// Orphan stops the Session's keepalives without closing it: the cluster
 // frees its locks when its TTL runs out, and its locks' Done close when
 // their leases run out, as after a crash.
-func (o *Owner) Orphan() {
-	o.mu.Lock()
-	o.orphaned = true
-	o.mu.Unlock()
+func (s *Session) Orphan() {
+	s.mu.Lock()
+	s.orphaned = true
+	s.mu.Unlock()
 }
 
 // Orphaned reports whether Orphan was called.
-func (o *Owner) Orphaned() bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.orphaned
+func (s *Session) Orphaned() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.orphaned
 }
 
-// Session returns the Owner's replicated session on shard, opening one if
-// needed (concurrent callers share one open), or the Owner's error once it
-// has ended. A session opened while the Owner ended is ended at once.
-func (o *Owner) Session(ctx context.Context, shard uint64) (*Session, error) {
+// OnShard returns the Session's replicated session on shard, opening one if
+// needed (concurrent callers share one open), or the Session's error once it
+// has ended. A session opened while the Session ended is ended at once.
+func (s *Session) OnShard(ctx sess.Context, shard uint64) (*ShardSession, error) {
 	for {
-		o.mu.Lock()
-		if o.err != nil {
-			err := o.err
-			o.mu.Unlock()
+		s.mu.Lock()
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
 			return nil, err
 		}
-		sl, ok := o.shards[shard]
+		sl, ok := s.shards[shard]
 		if !ok {
 			sl = &slot{done: make(chan struct{})}
-			o.shards[shard] = sl
-			o.mu.Unlock()
-			sl.s, sl.err = o.c.open(ctx, o, shard)
+			s.shards[shard] = sl
+			s.mu.Unlock()
+			sl.s, sl.err = s.c.open(ctx, s, shard)
 			// Published under o.mu: either end already ran (and did not
 			// see this slot), so the new session is ended here, or end
 			// runs later and ends it with the others.
-			o.mu.Lock()
+			s.mu.Lock()
 			if sl.err != nil {
-				delete(o.shards, shard)
+				delete(s.shards, shard)
 			}
 			close(sl.done)
-			ended := o.err
-			o.mu.Unlock()
+			ended := s.err
+			s.mu.Unlock()
 			if sl.err == nil {
 				// Now that live lists it: a kick sent before would let
 				// the loop size its next round without this session's
 				// TTL, and a TTL shorter than the round could run out.
-				o.c.kickKeepAlives()
+				s.c.kickKeepAlives()
 			}
 			if ended != nil && sl.s != nil {
 				sl.s.loseLocally(ended)
-				o.closeInBackground(ended, []*Session{sl.s})
+				s.closeInBackground(ended, []*ShardSession{sl.s})
 				return nil, ended
 			}
 			return sl.s, sl.err
 		}
-		o.mu.Unlock()
+		s.mu.Unlock()
 		select {
 		case <-sl.done:
 		case <-ctx.Done():
@@ -139,13 +139,13 @@ func (o *Owner) Session(ctx context.Context, shard uint64) (*Session, error) {
 	}
 }
 
-// Holds reports whether the Owner holds key, which lives in shard, as a
+// Holds reports whether the Session holds key, which lives in shard, as a
 // hold that is not ending (see Session.liveHold). It opens nothing: on a
-// shard where the Owner has no session yet, it holds nothing.
-func (o *Owner) Holds(shard uint64, key string) bool {
-	o.mu.Lock()
-	sl := o.shards[shard]
-	o.mu.Unlock()
+// shard where the Session has no session yet, it holds nothing.
+func (s *Session) Holds(shard uint64, key string) bool {
+	s.mu.Lock()
+	sl := s.shards[shard]
+	s.mu.Unlock()
 	if sl == nil {
 		return false
 	}
@@ -163,9 +163,9 @@ func (o *Owner) Holds(shard uint64, key string) bool {
 
 // openedLocked returns the replicated sessions whose open has finished.
 // o.mu must be held.
-func (o *Owner) openedLocked() []*Session {
-	var out []*Session
-	for _, sl := range o.shards {
+func (s *Session) openedLocked() []*ShardSession {
+	var out []*ShardSession
+	for _, sl := range s.shards {
 		select {
 		case <-sl.done:
 			if sl.s != nil {
@@ -177,18 +177,18 @@ func (o *Owner) openedLocked() []*Session {
 	return out
 }
 
-// Close ends the Owner now: its locks' Done close (lockerr.SessionClosed),
+// Close ends the Session now: its locks' Done close (lockerr.SessionClosed),
 // then it is closed on every shard it used, which releases its locks and
 // hands them to their next waiters in the same Raft entry. It waits for
 // those closes until ctx ends; a close that has not committed by then goes
 // on in the background, and Close returns an error saying so. Close after
-// Orphan releases what the Owner still holds, as any Close does: Orphan
+// Orphan releases what the Session still holds, as any Close does: Orphan
 // only stopped its keepalives. Idempotent.
-func (o *Owner) Close(ctx context.Context) error {
-	ss := o.end(lockerr.SessionClosed)
+func (s *Session) Close(ctx sess.Context) error {
+	ss := s.end(lockerr.SessionClosed)
 	errs := make(chan error, len(ss))
-	for _, s := range ss {
-		o.c.cfg.Go(func(bg context.Context) { errs <- s.closeOnCluster(bg) })
+	for _, sh := range ss {
+		s.c.cfg.Go(func(bg sess.Context) { errs <- sh.closeOnCluster(bg) })
 	}
 	var failed []error
 	for range ss {
@@ -204,53 +204,53 @@ func (o *Owner) Close(ctx context.Context) error {
 	return errors.Join(failed...)
 }
 
-// end ends the Owner on this side with err, once, and returns its
+// end ends the Session on this side with err, once, and returns its
 // replicated sessions, each lost with err.
-func (o *Owner) end(err error) []*Session {
-	o.mu.Lock()
-	if o.err != nil {
-		o.mu.Unlock()
+func (s *Session) end(err error) []*ShardSession {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
 		return nil
 	}
-	o.err = err
-	close(o.done)
-	ss := o.openedLocked()
-	o.mu.Unlock()
-	o.c.forget(o)
+	s.err = err
+	close(s.done)
+	ss := s.openedLocked()
+	s.mu.Unlock()
+	s.c.forget(s)
 	for _, s := range ss {
 		s.loseLocally(err)
 	}
 	return ss
 }
 
-// lost ends the Owner because one of its replicated sessions was lost,
+// lost ends the Session because one of its replicated sessions was lost,
 // and closes the others on the cluster so their keys pass on at once.
-func (o *Owner) lost(err error) {
-	o.closeInBackground(err, o.end(err))
+func (s *Session) lost(err error) {
+	s.closeInBackground(err, s.end(err))
 }
 
 // closeInBackground closes ss, replicated sessions of o that ended with
 // err, on the cluster, so their keys pass on at once; not for an orphaned
-// Owner (its TTL decides) or when the node closes (Client.Close does it).
-func (o *Owner) closeInBackground(err error, ss []*Session) {
-	if o.c.stopped() || errors.Is(err, lockerr.Closed) || o.Orphaned() {
+// Session (its TTL decides) or when the node closes (Client.Close does it).
+func (s *Session) closeInBackground(err error, ss []*ShardSession) {
+	if s.c.stopped() || errors.Is(err, lockerr.Closed) || s.Orphaned() {
 		return
 	}
-	for _, s := range ss {
-		o.c.cfg.Go(func(bg context.Context) { _ = s.closeOnCluster(bg) })
+	for _, sh := range ss {
+		s.c.cfg.Go(func(bg sess.Context) { _ = sh.closeOnCluster(bg) })
 	}
 }
 
-// Session is one replicated session, on one shard, of an Owner: the owner
-// of its locks there. Its Lease says until when its locks may be relied
+// ShardSession is one replicated session, on one shard, of a Session: what
+// holds its locks there. Its Lease says until when its locks may be relied
 // on; a timer, and every Held.Done and Held.Err call, compare the
 // deadline with the clock, and once it has passed the session is lost.
 // Safe for concurrent use.
-type Session struct {
-	c     *Client
-	owner *Owner
-	shard uint64
-	id    uint64
+type ShardSession struct {
+	c       *Client
+	session *Session
+	shard   uint64
+	id      uint64
 
 	// attempts are its request ids, the ones without their final answer
 	// yet, and the keys being released.
@@ -266,7 +266,7 @@ type Session struct {
 
 // open opens a replicated session of owner on shard. Its lease counts
 // from the moment the open was sent, as a keepalive's does.
-func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session, error) {
+func (c *Client) open(ctx sess.Context, owner *Session, shard uint64) (*ShardSession, error) {
 	sent := c.now()
 	cmd := lockfsm.Command{
 		Op: lockfsm.OpOpenSession, Owner: c.cfg.Name, TTLMillis: uint64((owner.ttl + time.Millisecond - 1) / time.Millisecond),
@@ -281,8 +281,8 @@ func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session
 	if res.Status != lockfsm.StatusOK {
 		return nil, fmt.Errorf("open session on shard %d: %s", shard, Describe(res))
 	}
-	s := &Session{
-		c: c, owner: owner, shard: shard, id: res.Session, attempts: NewAttempts(),
+	s := &ShardSession{
+		c: c, session: owner, shard: shard, id: res.Session, attempts: NewAttempts(),
 		held: map[string][]*Held{}, lost: make(chan struct{}),
 		lease: NewLease(owner.ttl, Margin(owner.ttl, c.cfg.LeaseMargin), sent),
 	}
@@ -295,35 +295,35 @@ func (c *Client) open(ctx context.Context, owner *Owner, shard uint64) (*Session
 }
 
 // ID is the session's id in its shard.
-func (s *Session) ID() uint64 { return s.id }
+func (s *ShardSession) ID() uint64 { return s.id }
 
 // Shard is the shard the session lives in.
-func (s *Session) Shard() uint64 { return s.shard }
+func (s *ShardSession) Shard() uint64 { return s.shard }
 
-// Owner is the Owner the session belongs to.
-func (s *Session) Owner() *Owner { return s.owner }
+// Session is the Session the session belongs to.
+func (s *ShardSession) Session() *Session { return s.session }
 
 // Attempts is the session's request table.
-func (s *Session) Attempts() *Attempts { return s.attempts }
+func (s *ShardSession) Attempts() *Attempts { return s.attempts }
 
 // Deadline is when the session's lease runs out, as it stands now.
-func (s *Session) Deadline() time.Time {
+func (s *ShardSession) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lease.Deadline()
 }
 
 // Lost is closed once the session is lost; Err says why.
-func (s *Session) Lost() <-chan struct{} { return s.lost }
+func (s *ShardSession) Lost() <-chan struct{} { return s.lost }
 
 // Err returns nil while the session lives, then why it was lost.
-func (s *Session) Err() error {
+func (s *ShardSession) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lostErr
 }
 
-func (s *Session) isLost() bool {
+func (s *ShardSession) isLost() bool {
 	select {
 	case <-s.lost:
 		return true
@@ -336,7 +336,7 @@ func (s *Session) isLost() bool {
 // deadline moves to sent + TTL - margin, never back. A lease whose
 // deadline has already passed is never revived, even if its timer has not
 // run yet: the session is lost now instead (see Lease.Extend).
-func (s *Session) Extend(sent time.Time) {
+func (s *ShardSession) Extend(sent time.Time) {
 	s.mu.Lock()
 	if s.lostErr != nil {
 		s.mu.Unlock()
@@ -353,7 +353,7 @@ func (s *Session) Extend(sent time.Time) {
 
 // armLocked sets the deadline timer to the deadline as the clock reads
 // now. s.mu must be held.
-func (s *Session) armLocked() {
+func (s *ShardSession) armLocked() {
 	wait := s.lease.Deadline().Sub(s.c.now())
 	if s.timer == nil {
 		s.timer = s.c.cfg.Clock.AfterFunc(wait, s.onTimer)
@@ -364,7 +364,7 @@ func (s *Session) armLocked() {
 
 // onTimer fires at the deadline as the clock stood when it was set; if the
 // lease was extended meanwhile, or the clock says otherwise, it re-arms.
-func (s *Session) onTimer() {
+func (s *ShardSession) onTimer() {
 	s.CheckDeadline()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -377,29 +377,29 @@ func (s *Session) onTimer() {
 // the deadline timer and from every Held.Done and Held.Err call, so that a
 // holder that was paused past its deadline learns it on waking, whether or
 // not the timer has run yet.
-func (s *Session) CheckDeadline() {
+func (s *ShardSession) CheckDeadline() {
 	s.mu.Lock()
 	if s.lostErr != nil || !s.lease.Passed(s.c.now()) {
 		s.mu.Unlock()
 		return
 	}
 	s.mu.Unlock()
-	s.Lose(lose(LossDeadline, fmt.Errorf("%w: keepalives on shard %d not acknowledged within the session TTL of %v", lockerr.LeaseExpired, s.shard, s.owner.ttl)))
+	s.Lose(lose(LossDeadline, fmt.Errorf("%w: keepalives on shard %d not acknowledged within the session TTL of %v", lockerr.LeaseExpired, s.shard, s.session.ttl)))
 }
 
 // Lose ends the session on this side because it was lost, once, which
 // ends its whole Owner: every lock it holds reports err on Done, and the
-// session (with the Owner's others) is closed on the cluster in the
+// session (with the Session's others) is closed on the cluster in the
 // background so its locks are handed on without waiting for the TTL.
-func (s *Session) Lose(err error) {
+func (s *ShardSession) Lose(err error) {
 	if s.loseLocally(err) {
-		s.owner.lost(err) // closes this one on the cluster with the others
+		s.session.lost(err) // closes this one on the cluster with the others
 	}
 }
 
 // loseLocally ends the session on this side, once: its locks' Done close
 // with err. It reports whether this call ended it.
-func (s *Session) loseLocally(err error) bool {
+func (s *ShardSession) loseLocally(err error) bool {
 	s.mu.Lock()
 	if s.lostErr != nil {
 		s.mu.Unlock()
@@ -437,15 +437,15 @@ func (s *Session) loseLocally(err error) bool {
 // it lands or ctx ends or the node stops: when the quorum returns, the
 // keys are freed at the next try instead of a full TTL after the new
 // leader's grace. It returns the last error when it gives up.
-func (s *Session) closeOnCluster(ctx context.Context) error {
+func (s *ShardSession) closeOnCluster(ctx sess.Context) error {
 	for try := 1; ; try++ {
-		tctx, cancel := context.WithTimeout(ctx, s.owner.ttl)
+		tctx, cancel := sess.WithTimeout(ctx, s.session.ttl)
 		_, err := s.c.cfg.Apply(tctx, s.shard, lockfsm.Command{Op: lockfsm.OpCloseSession, Session: s.id})
 		cancel()
 		if err == nil || ctx.Err() != nil || s.c.stopped() {
 			return err
 		}
-		if !errors.Is(err, lockerr.Unavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, lockerr.Unavailable) && !errors.Is(err, sess.DeadlineExceeded) {
 			s.c.cfg.Log.Warn("session close failed", "shard", s.shard, "session", s.id, "err", err)
 			return err
 		}

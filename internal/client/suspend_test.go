@@ -73,7 +73,7 @@ func newResumeClient(t *testing.T, ttl time.Duration) *resumeClient {
 }
 
 // hold takes key on shard 2 for o as spec asks.
-func (rc *resumeClient) hold(t *testing.T, o *Owner, key string, spec Spec) *Held {
+func (rc *resumeClient) hold(t *testing.T, o *Session, key string, spec Spec) *Held {
 	t.Helper()
 	h, retry, err := o.Acquire(rc.ctx, 2, key, true, spec)
 	if err != nil || retry || h == nil {
@@ -88,7 +88,7 @@ func (rc *resumeClient) hold(t *testing.T, o *Owner, key string, spec Spec) *Hel
 // monotonic clock, the lease would still have most of its minute left.
 func TestResumePastTheLeaseEndsTheLockAtOnce(t *testing.T) {
 	rc := newResumeClient(t, time.Minute) // margin 6s
-	o, _ := rc.NewOwner(time.Minute)
+	o, _ := rc.NewSession(time.Minute)
 	h := rc.hold(t, o, "k", Spec{})
 	select {
 	case <-h.Done():
@@ -125,7 +125,7 @@ func TestResumePastTheLeaseEndsTheLockAtOnce(t *testing.T) {
 // the cluster, while the session's lease, an hour long, still holds.
 func TestResumePastTheMaxHoldEndsTheGrantAtOnce(t *testing.T) {
 	rc := newResumeClient(t, time.Hour) // LeaseMargin 6m
-	o, _ := rc.NewOwner(time.Hour)
+	o, _ := rc.NewSession(time.Hour)
 	h := rc.hold(t, o, "k", Spec{MaxHold: 30 * time.Minute}) // given up at 24m
 	if h.Err() != nil {
 		t.Fatalf("lost before any suspension: %v", h.Err())
@@ -144,7 +144,7 @@ func TestResumePastTheMaxHoldEndsTheGrantAtOnce(t *testing.T) {
 		t.Fatal("Err reported the loss but Done is open")
 	}
 	if err := o.Err(); err != nil {
-		t.Fatalf("the Owner ended (%v): only the hold had run out", err)
+		t.Fatalf("the Session ended (%v): only the hold had run out", err)
 	}
 	rc.bg.Wait()
 	rc.cluster.mu.Lock()
@@ -161,7 +161,7 @@ func TestResumePastTheMaxHoldEndsTheGrantAtOnce(t *testing.T) {
 // TTL on.
 func TestAckAcrossASuspensionDoesNotRevive(t *testing.T) {
 	rc := newResumeClient(t, time.Minute)
-	o, _ := rc.NewOwner(time.Minute)
+	o, _ := rc.NewSession(time.Minute)
 	h := rc.hold(t, o, "k", Spec{})
 	sent := rc.clock.Now()
 	rc.clock.Suspend(2 * time.Minute)
@@ -177,7 +177,7 @@ func TestAckAcrossASuspensionDoesNotRevive(t *testing.T) {
 // Go's terms, which did not count the suspension.
 func TestResumeWakesABlockedHolderAtTheNextRound(t *testing.T) {
 	rc := newResumeClient(t, time.Minute)
-	o, _ := rc.NewOwner(time.Minute)
+	o, _ := rc.NewSession(time.Minute)
 	h := rc.hold(t, o, "k", Spec{})
 	rc.clock.Suspend(time.Minute)
 	// doneNow looks at the channel a blocked holder waits on, without
@@ -190,7 +190,7 @@ func TestResumeWakesABlockedHolderAtTheNextRound(t *testing.T) {
 		t.Fatal("a keepalive round after the resume left the blocked holder's Done open")
 	}
 	if err := o.Err(); !errors.Is(err, lockerr.LeaseExpired) {
-		t.Fatalf("Owner error %v, want the lease lost", err)
+		t.Fatalf("Session error %v, want the lease lost", err)
 	}
 }
 
@@ -199,7 +199,7 @@ func TestResumeWakesABlockedHolderAtTheNextRound(t *testing.T) {
 // after the resume, which sees the lease clock ahead of Go's.
 func TestResumeWakesABlockedMaxHoldAtTheNextRound(t *testing.T) {
 	rc := newResumeClient(t, time.Hour)
-	o, _ := rc.NewOwner(time.Hour)
+	o, _ := rc.NewSession(time.Hour)
 	h := rc.hold(t, o, "k", Spec{MaxHold: 30 * time.Minute})
 	rc.round(rc.ctx, rc.live(), time.Second) // the readings to compare with
 	rc.clock.Suspend(27 * time.Minute)
@@ -211,6 +211,6 @@ func TestResumeWakesABlockedMaxHoldAtTheNextRound(t *testing.T) {
 		t.Fatal("a keepalive round after the resume left the blocked max-hold's Done open")
 	}
 	if err := o.Err(); err != nil {
-		t.Fatalf("the Owner ended (%v): only the hold had run out", err)
+		t.Fatalf("the Session ended (%v): only the hold had run out", err)
 	}
 }
