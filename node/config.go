@@ -11,7 +11,7 @@ import (
 	"github.com/lni/vfs"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
-	"github.com/lockmesh/lockmesh/internal/bootclock"
+	"github.com/lockmesh/lockmesh/internal/clock"
 	"github.com/lockmesh/lockmesh/internal/config"
 )
 
@@ -186,13 +186,13 @@ type Config struct {
 	UnsafeSkipEntries []LogEntry
 
 	// clock is the time source of the lease logic (holder deadlines and
-	// leader expiry): systemClock, or in tests a skewed or jumping one,
+	// leader expiry): clock.System, or in tests a skewed or jumping one,
 	// which both sides then read. fs is the file system under DataDir: the
 	// operating system's, or in tests an in-memory one. Neither is
 	// public: a slow clock breaks the holder's margin and an in-memory FS
 	// loses tokens on restart, and nothing a user can set may make
 	// locking unsafe.
-	clock clock
+	clock clock.Clock
 	fs    vfs.FS
 }
 
@@ -211,39 +211,16 @@ type RaftTLS struct {
 
 func (r RaftTLS) enabled() bool { return r.CAFile != "" || r.CertFile != "" || r.KeyFile != "" }
 
-// clock reads the current time for the lease logic. Its readings are
-// compared only with each other, so they need not be wall-clock times, but
-// durations between them must ignore steps of the wall clock.
-type clock interface {
-	Now() time.Time
-}
-
-// systemClock is a real peer's clock. Its two sides err in opposite
-// directions, each the safe one for its side (docs/SAFETY.md): the
-// leader's expiries read Now, Go's monotonic clock, which never runs
-// fast but stops while the machine is suspended, so a suspended leader
-// expires late, never early; the holder's deadlines read holderClock's
-// boot clock, which never runs slow, so a holder woken from a suspension
-// finds the deadlines that passed meanwhile passed.
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // holderClock is the clock the holder's side counts its lease and hold
-// deadlines on: for systemClock the boot clock, which counts the time the
-// machine spent suspended (internal/bootclock); a test's clock as it is,
-// read by both sides.
-func holderClock(c clock) clock {
-	if _, ok := c.(systemClock); ok {
-		return bootClock{}
+// deadlines on: for clock.System, the leader's, clock.Boot, which counts
+// the time the machine spent suspended; a test's clock as it is, read by
+// both sides. Each side errs the safe way for it (docs/SAFETY.md).
+func holderClock(c clock.Clock) clock.Clock {
+	if _, ok := c.(clock.System); ok {
+		return clock.Boot{}
 	}
 	return c
 }
-
-// bootClock is internal/bootclock as a clock.
-type bootClock struct{}
-
-func (bootClock) Now() time.Time { return bootclock.Now() }
 
 // DefaultConfig returns a Config with the defaults of the tuning fields
 // filled in: Shards, ReplicationFactor, SessionTTL, RTT, DeadAfter and
@@ -291,7 +268,7 @@ func (c *Config) setDefaults() {
 		c.fs = vfs.Default
 	}
 	if c.clock == nil {
-		c.clock = systemClock{}
+		c.clock = clock.System{}
 	}
 }
 

@@ -25,7 +25,7 @@
 // releases its locks and grants them to the next waiters. The holder's side
 // counts its lease from the send time of its last acknowledged keepalive,
 // minus LeaseMargin, on a clock that counts time the machine spends
-// suspended (internal/bootclock); when that passes Lock.Done
+// suspended (internal/clock's Boot); when that passes Lock.Done
 // closes. Since the leader counts from when it received the keepalive, and
 // acknowledges it only after confirming its leadership with a ReadIndex
 // round, the holder always gives up before the cluster can grant the lock

@@ -17,6 +17,8 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/faultnet"
 	"github.com/lockmesh/lockmesh/internal/layout"
+
+	"github.com/lockmesh/lockmesh/internal/clock"
 )
 
 // faultClock is an injectable lease clock: the real clock plus an offset
@@ -32,6 +34,10 @@ type faultClock struct {
 	frozen   bool
 	frozenAt time.Time
 }
+
+// AfterFunc is Go's: a deadline timer waits what the clock says is
+// left, and the waiter compares the deadline with Now again on firing.
+func (c *faultClock) AfterFunc(d time.Duration, f func()) clock.Timer { return time.AfterFunc(d, f) }
 
 func (c *faultClock) Now() time.Time {
 	now := time.Now()

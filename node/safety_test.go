@@ -308,7 +308,7 @@ func TestHolderKilledWaiterGetsLockAfterTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The deadline is on the holder's clock (internal/bootclock), so the
+	// The deadline is on the holder's clock (internal/clock's Boot), so the
 	// grant is dated on it too, not on Go's.
 	granted, grantedMono := holderClock(victim.node.cfg.clock).Now(), time.Now()
 	if l.Token() <= held.Token() {

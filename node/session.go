@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/client"
+	"github.com/lockmesh/lockmesh/internal/clock"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -208,10 +209,10 @@ func newClient(n *Node) *client.Client {
 		SessionTTL:   n.cfg.SessionTTL,
 		LeaseMargin:  n.cfg.LeaseMargin,
 		CloseTimeout: 20 * n.cfg.RTT,
-		Clock:        leaseClock{holderClock(n.cfg.clock)},
+		Clock:        holderClock(n.cfg.clock),
 		// Rounds on Go's clock, as before the split: a jump of the lease
 		// clock moves deadlines, not the keepalives that keep them.
-		RoundClock:  client.SystemClock{},
+		RoundClock:  clock.System{},
 		Log:         n.log,
 		Apply:       n.clientApply,
 		ApplyGroup:  n.clientApplyGroup,
@@ -235,15 +236,6 @@ func newClient(n *Node) *client.Client {
 // keepAliveLoop runs the client's keepalive loop (internal/client); the
 // router delivers each keepalive to its shard's leader.
 func (n *Node) keepAliveLoop() { n.client.RunKeepAlives(n.ctx) }
-
-// leaseClock is the holder's clock with Go's timers: a deadline timer
-// waits what the lease clock says is left, and re-checks on firing. Go's
-// timers stop while the machine is suspended, so after a resume they fire
-// late; Held.Done and Err compare the deadline with the clock on every
-// call, and see at once a deadline that passed during the suspension.
-type leaseClock struct{ clock }
-
-func (leaseClock) AfterFunc(d time.Duration, f func()) client.Timer { return time.AfterFunc(d, f) }
 
 // clientApply is apply for the client side, where a test can make the
 // withdrawal of an abandoned attempt fail as one that cannot commit does.

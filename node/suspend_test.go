@@ -5,25 +5,27 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/clock"
 )
 
 // A real peer's holder counts its deadlines on the boot clock, which
 // counts suspended time, and its leader side on Go's monotonic clock,
 // which never runs fast; a test's clock is read by both sides as it is.
 func TestRealPeerHoldsOnTheBootClock(t *testing.T) {
-	if _, ok := holderClock(systemClock{}).(bootClock); !ok {
-		t.Fatalf("a real peer's holder clock is %T, want the boot clock", holderClock(systemClock{}))
+	if _, ok := holderClock(clock.System{}).(clock.Boot); !ok {
+		t.Fatalf("a real peer's holder clock is %T, want the boot clock", holderClock(clock.System{}))
 	}
 	// The boot clock's times carry no monotonic reading: Go's, which
 	// stops in a suspension, never decides a comparison of two of them.
-	if s := holderClock(systemClock{}).Now().String(); strings.Contains(s, "m=") {
+	if s := holderClock(clock.System{}).Now().String(); strings.Contains(s, "m=") {
 		t.Fatalf("the holder clock read %s, with a monotonic reading", s)
 	}
-	if s := (systemClock{}).Now().String(); !strings.Contains(s, "m=") {
+	if s := (clock.System{}).Now().String(); !strings.Contains(s, "m=") {
 		t.Fatalf("the leader clock read %s, without Go's monotonic reading", s)
 	}
 	fc := &faultClock{}
-	if holderClock(fc) != fc {
+	if holderClock(fc) != clock.Clock(fc) {
 		t.Fatal("a test's clock is not the holder's")
 	}
 }
@@ -35,8 +37,8 @@ func TestRealPeerHoldsOnTheBootClock(t *testing.T) {
 // fires during the test, and on Go's monotonic clock neither lock would
 // have run out.
 func TestResumeEndsTheLocksWhoseDeadlinesPassed(t *testing.T) {
-	clock := &faultClock{}
-	peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 1, ttl: time.Minute, mutate: func(c *Config) { c.clock = clock }})
+	fc := &faultClock{}
+	peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 1, ttl: time.Minute, mutate: func(c *Config) { c.clock = fc }})
 	n := peers[0].node
 	ctx := ctxT(t, 30*time.Second)
 	l, err := n.Lock(ctx, "lease")
@@ -48,7 +50,7 @@ func TestResumeEndsTheLocksWhoseDeadlinesPassed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	clock.Jump(20 * time.Second) // past the maximum hold, not the lease
+	fc.Jump(20 * time.Second) // past the maximum hold, not the lease
 	select {
 	case <-m.Done():
 	default:
@@ -61,7 +63,7 @@ func TestResumeEndsTheLocksWhoseDeadlinesPassed(t *testing.T) {
 		t.Fatalf("the lock without a maximum was lost 20s into a minute's lease: %v", err)
 	}
 
-	clock.Jump(time.Minute) // past the lease
+	fc.Jump(time.Minute) // past the lease
 	select {
 	case <-l.Done():
 	default:

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/clock"
 )
 
 // An Unlock whose context ends before the release commits must still end
@@ -78,7 +80,7 @@ func TestUnlockWithUnknownOutcomeEndsTheLock(t *testing.T) {
 // no cluster. The holder's lease rules are tested without a Node, in
 // internal/client (TestExtendNeverRevivesAPassedDeadline and the others
 // in lease_test.go).
-func leaseTestNode(c clock) *Node {
+func leaseTestNode(c clock.Clock) *Node {
 	cfg := Config{SessionTTL: time.Second, LeaseMargin: 100 * time.Millisecond, clock: c}
 	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())

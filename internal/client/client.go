@@ -23,39 +23,9 @@ import (
 	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
+
+	"github.com/lockmesh/lockmesh/internal/clock"
 )
-
-// Clock is a time source. Now's readings are compared only with each
-// other, and the time between two must never count less than really
-// passed, whatever the wall clock did and however long the machine was
-// suspended meanwhile, or a holder would rely on a lease the cluster has
-// expired (node's is internal/bootclock). AfterFunc runs f once d has
-// passed, on a goroutine of its own, as time.AfterFunc does; f may block
-// briefly on the Client's locks. node's AfterFunc is Go's, which fires
-// late after a suspension: Held.Done and Err compare the deadline with
-// Now themselves.
-type Clock interface {
-	Now() time.Time
-	AfterFunc(d time.Duration, f func()) Timer
-}
-
-// Timer is a timer started by Clock.AfterFunc; *time.Timer is one.
-type Timer interface {
-	Reset(d time.Duration) bool
-	Stop() bool
-}
-
-// SystemClock is Go's monotonic clock and Go's timers. Both stop while
-// the machine is suspended: node times keepalive rounds with it
-// (Config.RoundClock), and counts lease deadlines on a clock that does
-// not stop.
-type SystemClock struct{}
-
-// Now returns time.Now().
-func (SystemClock) Now() time.Time { return time.Now() }
-
-// AfterFunc is time.AfterFunc.
-func (SystemClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 // Config is what node gives a Client. Every field is required except
 // RoundClock and Log.
@@ -73,12 +43,13 @@ type Config struct {
 	CloseTimeout time.Duration
 
 	// Clock is the lease clock: it times keepalive sends, deadlines and
-	// the deadline timers. It must not run slow (see Clock).
-	Clock Clock
+	// the deadline timers. It must not run slow (internal/clock; node's
+	// is clock.Boot).
+	Clock clock.Clock
 	// RoundClock times the keepalive rounds; nil means Clock. node uses
 	// the system clock, so that a jump of the lease clock moves
 	// deadlines but not the rounds that keep them.
-	RoundClock Clock
+	RoundClock clock.Clock
 	Log        *slog.Logger
 
 	// Apply commits cmd in shard's Raft log and returns its result,

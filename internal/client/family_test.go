@@ -14,6 +14,8 @@ import (
 	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
+
+	"github.com/lockmesh/lockmesh/internal/clock"
 )
 
 // stateCluster answers a Client's commands from a real lock state, one
@@ -72,7 +74,7 @@ func newStateClient(t testing.TB) (*Client, *stateCluster, context.Context) {
 	f := &stateCluster{s: lockfsm.New()}
 	f.c = New(Config{
 		Name: "p1", SessionTTL: time.Minute, LeaseMargin: time.Second, CloseTimeout: time.Second,
-		Clock: SystemClock{}, Log: slog.New(slog.DiscardHandler),
+		Clock: clock.System{}, Log: slog.New(slog.DiscardHandler),
 		Apply: f.apply, ApplyGroup: f.applyGroup, ReadAttempt: f.readAttempt,
 		KeepAlive: func(context.Context, uint64, []uint64) ([]uint64, error) { return nil, nil },
 		Go: func(fn func(context.Context)) {

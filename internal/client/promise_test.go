@@ -12,6 +12,8 @@ import (
 	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
+
+	"github.com/lockmesh/lockmesh/internal/clock"
 )
 
 // The promises docs/LOCKS.md makes about one session's own locks (issue
@@ -81,7 +83,7 @@ func newPromiseClient(t *testing.T) *promiseClient {
 	pc := &promiseClient{cluster: f, ctx: ctx, settling: make(chan string, 100), bgDone: make(chan struct{}, 100)}
 	pc.Client = New(Config{
 		Name: "p1", SessionTTL: time.Minute, LeaseMargin: time.Second, CloseTimeout: time.Second,
-		Clock: SystemClock{}, Log: slog.New(slog.DiscardHandler),
+		Clock: clock.System{}, Log: slog.New(slog.DiscardHandler),
 		Apply: func(ctx context.Context, _ uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
 			rs, err := f.carry(ctx, []lockfsm.Command{cmd})
 			if err != nil {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
+
+	"github.com/lockmesh/lockmesh/internal/clock"
 )
 
 // Session is the client side of a node.Session: the owner of one replicated
@@ -259,7 +261,7 @@ type ShardSession struct {
 	mu      sync.Mutex
 	held    map[string][]*Held // held locks by key (several for shared or semaphore holds)
 	lease   Lease
-	timer   Timer
+	timer   clock.Timer
 	lost    chan struct{}
 	lostErr error
 }

@@ -12,11 +12,13 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
+
+	"github.com/lockmesh/lockmesh/internal/clock"
 )
 
 // resumeClock is node's lease clock on a machine that gets suspended: Now
 // counts real time plus every suspension so far, as CLOCK_BOOTTIME does
-// (internal/bootclock), and AfterFunc is Go's, whose timers, like Go's
+// (internal/clock's Boot), and AfterFunc is Go's, whose timers, like Go's
 // monotonic clock, do not see a suspension. Suspend is a resume from one:
 // the clock jumps while, in Go's terms, no time passes.
 type resumeClock struct {
@@ -30,7 +32,7 @@ func (c *resumeClock) Now() time.Time {
 	return c.start.Round(0).Add(time.Since(c.start) + time.Duration(c.suspended.Load()))
 }
 
-func (c *resumeClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+func (c *resumeClock) AfterFunc(d time.Duration, f func()) clock.Timer { return time.AfterFunc(d, f) }
 
 // Suspend moves the clock on by d, as waking from a suspension of d does.
 func (c *resumeClock) Suspend(d time.Duration) { c.suspended.Add(int64(d)) }
@@ -53,7 +55,7 @@ func newResumeClient(t *testing.T, ttl time.Duration) *resumeClient {
 	rc := &resumeClient{cluster: &fakeCluster{closes: make(chan uint64, 100)}, clock: newResumeClock(), ctx: ctx, bg: &sync.WaitGroup{}}
 	rc.Client = New(Config{
 		Name: "p1", SessionTTL: ttl, LeaseMargin: ttl / 10, CloseTimeout: time.Second,
-		Clock: rc.clock, RoundClock: SystemClock{}, Log: slog.New(slog.DiscardHandler),
+		Clock: rc.clock, RoundClock: clock.System{}, Log: slog.New(slog.DiscardHandler),
 		Apply:       rc.cluster.apply,
 		ReadAttempt: rc.cluster.readAttempt,
 		KeepAlive: func(context.Context, uint64, []uint64) ([]uint64, error) {

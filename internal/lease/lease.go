@@ -30,7 +30,7 @@
 //
 // The holder counts its lease from the time it sent the keepalive, minus a
 // margin, on its own clock, which counts time the machine spends
-// suspended (internal/bootclock); the leader counts from when it received
+// suspended (internal/clock's Boot); the leader counts from when it received
 // it, on Go's monotonic clock. So the holder always gives up first, as long as clock rates
 // differ by less than the margin over one TTL.
 //

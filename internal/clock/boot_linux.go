@@ -1,4 +1,4 @@
-package bootclock
+package clock
 
 import (
 	"time"

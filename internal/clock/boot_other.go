@@ -1,6 +1,6 @@
 //go:build !linux
 
-package bootclock
+package clock
 
 import (
 	"errors"

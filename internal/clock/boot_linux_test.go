@@ -1,4 +1,4 @@
-package bootclock
+package clock
 
 import (
 	"testing"
@@ -23,11 +23,11 @@ func TestNowTracksBoottime(t *testing.T) {
 		t.Skipf("CLOCK_BOOTTIME cannot be read here (%v): Now uses the fallback", err)
 	}
 	b0 := readBoottime(t)
-	n0 := Now()
+	n0 := boot.Now()
 	b1 := readBoottime(t)
 	time.Sleep(10 * time.Millisecond)
 	b2 := readBoottime(t)
-	n1 := Now()
+	n1 := boot.Now()
 	b3 := readBoottime(t)
 	if d := n1.Sub(n0); d < b2-b1 || d > b3-b0 {
 		t.Fatalf("Now advanced %v; CLOCK_BOOTTIME advanced between %v and %v", d, b2-b1, b3-b0)
@@ -36,7 +36,7 @@ func TestNowTracksBoottime(t *testing.T) {
 
 func BenchmarkNow(b *testing.B) {
 	for b.Loop() {
-		Now()
+		boot.Now()
 	}
 }
 

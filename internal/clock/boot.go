@@ -1,5 +1,12 @@
-// Package bootclock is the clock a lock holder counts its deadlines on: a
-// clock that goes on counting while the machine is suspended.
+package clock
+
+import (
+	"sync"
+	"time"
+)
+
+// Boot is the clock a lock holder counts its deadlines on: a clock that
+// goes on counting while the machine is suspended, with Go's timers.
 //
 // Go's monotonic clock (the monotonic reading of time.Now, and Go's
 // timers) is CLOCK_MONOTONIC on Linux and mach_absolute_time on macOS, and
@@ -12,7 +19,7 @@
 // indifference to steps of the wall clock, and a resume moves it forward
 // by the whole suspension.
 //
-// Now returns the wall time at the package's first reading plus the
+// Boot's Now returns the wall time at the package's first reading plus the
 // CLOCK_BOOTTIME elapsed since. Its times carry no monotonic reading, so
 // Sub, Before and After compare them by that count, and they are meant to
 // be compared only with each other: compared with a time from time.Now
@@ -20,7 +27,7 @@
 // every step of the wall clock.
 //
 // Where CLOCK_BOOTTIME cannot be read (other systems, or a sandbox that
-// refuses it), Now counts, from each reading to the next, the larger of
+// refuses it), it counts, from each reading to the next, the larger of
 // the monotonic and the wall-clock time elapsed. It never counts less than
 // Go's monotonic clock, and it counts a suspension as far as the wall
 // clock shows it, which the system sets from its hardware clock or the
@@ -34,18 +41,19 @@
 // lease needs the opposite, a clock that never runs fast (it must not
 // expire a session early), and keeps Go's monotonic clock: a leader that
 // was suspended only expires late. docs/SAFETY.md has the argument.
-package bootclock
-
-import (
-	"sync"
-	"time"
-)
+//
+// Its timers are Go's, which stop during a suspension and so fire late
+// after one: whoever waits on them compares the deadline with Now again.
+type Boot struct{}
 
 // Now returns the current time on the boot clock: it has advanced, since
 // any earlier reading, by at least the time that really passed,
 // suspensions of the machine included. Compare it only with other
-// readings of Now.
-func Now() time.Time { return base.Add(since()) }
+// readings of Boot's Now.
+func (Boot) Now() time.Time { return base.Add(since()) }
+
+// AfterFunc is time.AfterFunc.
+func (Boot) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 // base is the wall time of the package's first reading, without its
 // monotonic reading, and since is the time counted from then.
@@ -71,7 +79,7 @@ func bootSince(read func() (time.Duration, error)) (func() time.Duration, error)
 		if err != nil {
 			// clock_gettime fails only for a clock the kernel does
 			// not know or a bad address; this clock was read above.
-			panic("bootclock: " + err.Error())
+			panic("clock: boot clock: " + err.Error())
 		}
 		return now - first
 	}, nil
