@@ -13,7 +13,7 @@ import (
 	"github.com/lni/dragonboat/v4/config"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
-	"github.com/lockmesh/lockmesh/internal/cluster"
+	"github.com/lockmesh/lockmesh/internal/replicas"
 	"github.com/lockmesh/lockmesh/node"
 )
 
@@ -59,7 +59,7 @@ func MeasureRaftFloor(ctx context.Context, dir string, d time.Duration) (RaftFlo
 		if err != nil {
 			return RaftFloor{}, err
 		}
-		c, err := cluster.NodeHostConfig(cluster.HostConfig{
+		c, err := replicas.NodeHostConfig(replicas.Config{
 			Dir: filepath.Join(dir, fmt.Sprintf("host-%d", i)), RaftAddr: addr, RTT: node.DefaultRTT,
 		})
 		if err != nil {
@@ -74,7 +74,7 @@ func MeasureRaftFloor(ctx context.Context, dir string, d time.Duration) (RaftFlo
 			return RaftFloor{}, err
 		}
 		hosts = append(hosts, nh)
-		rc := cluster.ReplicaConfig(shard, uint64(i+1))
+		rc := replicas.ReplicaConfig(shard, uint64(i+1))
 		if err := nh.StartReplica(members, false, func(uint64, uint64) sm.IStateMachine { return &nopSM{} }, rc); err != nil {
 			return RaftFloor{}, err
 		}

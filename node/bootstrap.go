@@ -7,7 +7,7 @@ import (
 )
 
 // Forming a cluster: the rules and the loop and RPCs that run them are
-// internal/cluster's (bootstrap.go, forming.go); what stays here is the
+// internal/bootstrap's and internal/membership's (forming.go); what stays here is the
 // peer's side of the result: the layout's record in the data dir, the
 // gossip metadata, and why a layout is refused. The record's file is
 // internal/datadir's.

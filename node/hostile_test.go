@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
-	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/membership"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -247,11 +247,11 @@ func TestHostileCertificateHolders(t *testing.T) {
 			}
 			_, err := a.call(h, methodSetPlacement, raw)
 			refused(t, a.name+": SetPlacement of a one-peer layout via "+h.cfg.Name, err)
-			body, _ := encodeBody(cluster.MembershipChange{Shard: s.shard, Add: false, Replica: 1})
+			body, _ := encodeBody(membership.MembershipChange{Shard: s.shard, Add: false, Replica: 1})
 			if !p.Hosts(metaShardID, a.name) {
 				_, err = a.call(h, methodConfigChange, body)
 				refused(t, a.name+": ConfigChange via "+h.cfg.Name, err)
-				body, _ = encodeBody(cluster.TransferRequest{Shard: s.shard, Target: 1})
+				body, _ = encodeBody(membership.TransferRequest{Shard: s.shard, Target: 1})
 				_, err = a.call(h, methodTransferLeader, body)
 				refused(t, a.name+": TransferLeader via "+h.cfg.Name, err)
 			}
@@ -586,7 +586,7 @@ func TestAnswerBound(t *testing.T) {
 		{"undecodable read", methodRead, []byte{0xc1}, maxBodySize},
 		{"layout", methodGetPlacement, nil, maxBodySize},
 		{"status", methodStatus, nil, maxBodySize},
-		{"membership", methodMembership, enc(cluster.ShardRequest{Shard: 2}), largeAnswer},
+		{"membership", methodMembership, enc(membership.ShardRequest{Shard: 2}), largeAnswer},
 		{"proposal of 1000 bytes", methodPropose, make([]byte, 1000), 8*1000 + smallAnswer},
 		{"notify", methodNotify, make([]byte, 1000), smallAnswer},
 	} {

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/leader"
 	"github.com/lockmesh/lockmesh/internal/lease"
 	"github.com/lockmesh/lockmesh/internal/replica"
+	"github.com/lockmesh/lockmesh/internal/replicas"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -26,7 +26,7 @@ func newLeading(n *Node) *leader.Sessions {
 		Name:              n.cfg.Name,
 		SessionTTL:        n.cfg.SessionTTL,
 		RTT:               n.cfg.RTT,
-		ElectionTimeout:   cluster.ElectionRTT * n.cfg.RTT, // every replica's election timeout
+		ElectionTimeout:   replicas.ElectionRTT * n.cfg.RTT, // every replica's election timeout
 		UnsafeExpireAfter: n.hooks.unsafeExpireAfter,
 		Now:               n.now,
 		Log:               n.log,

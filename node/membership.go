@@ -7,26 +7,27 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
-	"github.com/lockmesh/lockmesh/internal/cluster"
+	"github.com/lockmesh/lockmesh/internal/controller"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/membership"
 	"github.com/lockmesh/lockmesh/internal/replica"
 )
 
 // Bootstrap's loop and RPCs, the membership RPCs (both sides), the
 // placement loop that keeps this peer's copy of the layout current, and
-// the body of Leave are internal/cluster's Service; the layout controller
+// the body of Leave are internal/membership's Service; the layout controller
 // is its Controller, acting through the Service. What stays here is what
 // they reach of the peer: its RPCs, its state machines, its records and
 // adopt (membershipHost).
 
-// newMembership builds this peer's membership service (internal/cluster)
+// newMembership builds this peer's membership service (internal/membership)
 // over its gossip, replicas and router; start runs its bootstrap and
 // placement loops.
-func (n *Node) newMembership() *cluster.Service {
-	return cluster.NewService(membershipHost{n}, cluster.ServiceConfig{
+func (n *Node) newMembership() *membership.Service {
+	return membership.New(membershipHost{n}, membership.Config{
 		Name:    n.cfg.Name,
 		Applied: n.appliedIndexes,
-		Methods: cluster.Methods{
+		Methods: membership.Methods{
 			Prepare:        methodPrepare,
 			Commit:         methodCommit,
 			Abort:          methodAbort,
@@ -60,10 +61,10 @@ func (n *Node) newMembership() *cluster.Service {
 	})
 }
 
-// newController builds the layout controller (internal/cluster), acting
+// newController builds the layout controller (internal/controller), acting
 // through this peer's membership service; start runs it.
-func (n *Node) newController() *cluster.Controller {
-	return cluster.NewController(n.membership, cluster.ControllerConfig{
+func (n *Node) newController() *controller.Controller {
+	return controller.New(n.membership, controller.Config{
 		Interval:        n.controlInterval(),
 		RTT:             n.cfg.RTT,
 		ProposalTimeout: n.proposalTimeout(),

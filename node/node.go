@@ -15,13 +15,15 @@ import (
 	sm "github.com/lni/dragonboat/v4/statemachine"
 
 	"github.com/lockmesh/lockmesh/internal/client"
-	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/config"
+	"github.com/lockmesh/lockmesh/internal/controller"
 	"github.com/lockmesh/lockmesh/internal/datadir"
 	"github.com/lockmesh/lockmesh/internal/dblog"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/leader"
+	"github.com/lockmesh/lockmesh/internal/membership"
 	"github.com/lockmesh/lockmesh/internal/replica"
+	"github.com/lockmesh/lockmesh/internal/replicas"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
@@ -41,7 +43,7 @@ type Node struct {
 	peers *transport.Client
 
 	// replicas owns the NodeHost and the table of replicas this peer runs.
-	replicas *cluster.Replicas
+	replicas *replicas.Table
 
 	// ctx is the peer's one shutdown signal: shutdown cancels it, every
 	// loop and wait of the peer ends with it, and isClosed reads it.
@@ -85,8 +87,8 @@ type Node struct {
 	// membership forms or joins the cluster (bootstrap), serves and makes
 	// the membership RPCs, keeps placement current (its placement loop)
 	// and carries out Leave.
-	membership *cluster.Service
-	ctrl       *cluster.Controller // acts only while this peer leads the meta shard
+	membership *membership.Service
+	ctrl       *controller.Controller // acts only while this peer leads the meta shard
 }
 
 // Start starts a peer: it listens on the configured addresses, joins the
@@ -178,7 +180,7 @@ func (n *Node) open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
 	}
-	hc := cluster.HostConfig{
+	hc := replicas.Config{
 		Dir:       cfg.fs.PathJoin(cfg.DataDir, "raft"),
 		RaftAddr:  cfg.RaftAddr,
 		RTT:       cfg.RTT,
@@ -205,7 +207,7 @@ func (n *Node) open(ctx context.Context) error {
 	}
 	n.warnPlaintext()
 	n.hintGOMAXPROCS()
-	if n.replicas, err = cluster.Open(hc); err != nil {
+	if n.replicas, err = replicas.Open(hc); err != nil {
 		return err
 	}
 	n.nh = n.replicas.NodeHost()
@@ -431,7 +433,7 @@ func (n *Node) adopt(p *layout.Placement) error {
 			}
 		}
 	}
-	cluster.NoteShortfall(n.log, nil, p)
+	membership.NoteShortfall(n.log, nil, p)
 	n.placement.Store(p)
 	close(n.ready)
 	n.log.Info("cluster layout adopted", "cluster", p.ClusterID, "shards", p.Shards, "peers", len(p.Peers))

@@ -4,18 +4,18 @@ import (
 	"fmt"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
-	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/replicas"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // raftPeers is the peer as the filter in front of its Raft port sees it
-// (internal/raftauth through cluster.RaftPeers): the layout says which
+// (internal/raftauth through replicas.RaftPeers): the layout says which
 // member hosts a replica, and a Propose that arrives over Raft is
 // authorized by the rules of a proposal forwarded over RPC.
 type raftPeers struct{ n *Node }
 
-var _ cluster.RaftPeers = raftPeers{}
+var _ replicas.RaftPeers = raftPeers{}
 
 // Host returns the name and NodeHostID of the member this peer's copy of
 // the layout places replica of shard on; before this peer has one, no

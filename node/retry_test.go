@@ -8,8 +8,8 @@ import (
 
 	"github.com/lni/dragonboat/v4"
 
-	"github.com/lockmesh/lockmesh/internal/cluster"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/membership"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -128,7 +128,7 @@ func TestRetryableErrors(t *testing.T) {
 	for _, err := range []error{
 		dragonboat.ErrShardClosed,
 		fmt.Errorf("propose: %w", dragonboat.ErrShardClosed),
-		cluster.Busy(3, dragonboat.ErrShardClosed),
+		membership.Busy(3, dragonboat.ErrShardClosed),
 		dragonboat.ErrShardNotFound,
 		dragonboat.ErrTimeout,
 		rpcError(lockerr.CodeNotHosted, "moved"),

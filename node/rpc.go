@@ -20,7 +20,7 @@ const maxBodySize = msgcheck.MaxBody
 
 // RPC methods on lockmesh's transport. The bootstrap and membership
 // methods (methodPrepare to methodMembership) are served and made by
-// internal/cluster's Service (see newMembership).
+// internal/membership's Service (see newMembership).
 const (
 	methodPropose        uint8 = iota + 1 // router.ProposeRequest -> router.ProposeResponse
 	methodRead                            // router.ReadRequest -> replica.Answer
@@ -29,13 +29,13 @@ const (
 	methodPrepare                         // bootstrap phase one: encoded placement
 	methodCommit                          // bootstrap phase two: encoded placement
 	methodAbort                           // bootstrap abort: cluster id
-	methodGetPlacement                    // cluster.GetPlacementLinearizable or nothing -> encoded placement
-	methodStatus                          // -> cluster.PeerStatus
-	methodConfigChange                    // cluster.MembershipChange
-	methodTransferLeader                  // cluster.TransferRequest
-	methodCaughtUp                        // cluster.ShardRequest: answers once the local replica serves reads
+	methodGetPlacement                    // membership.GetPlacementLinearizable or nothing -> encoded placement
+	methodStatus                          // -> membership.PeerStatus
+	methodConfigChange                    // membership.MembershipChange
+	methodTransferLeader                  // membership.TransferRequest
+	methodCaughtUp                        // membership.ShardRequest: answers once the local replica serves reads
 	methodSetPlacement                    // encoded placement, proposed to the meta shard
-	methodMembership                      // cluster.ShardRequest -> cluster.Membership: the shard's Raft membership
+	methodMembership                      // membership.ShardRequest -> membership.Membership: the shard's Raft membership
 )
 
 // Application error codes carried in transport.Error (see internal/lockerr).
@@ -118,7 +118,7 @@ func (n *Node) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 	switch method {
 	case methodPrepare, methodCommit, methodAbort:
 		// Founders that may not be members of anything yet: the plan
-		// says who may call (cluster.Service.ServeBootstrap).
+		// says who may call (membership.Service.ServeBootstrap).
 		return n.membership.ServeBootstrap(ctx, method, body)
 	}
 	if err := n.checkKnown(caller); err != nil {

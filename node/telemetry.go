@@ -74,7 +74,7 @@ type telemetry struct {
 	registration metric.Registration // set by register, ended by close
 
 	// startCommits is, per shard, the commit index the local replica's
-	// Raft state recorded when it started (cluster.HostConfig.OnRaftState).
+	// Raft state recorded when it started (replicas.Config.OnRaftState).
 	startCommits sync.Map
 }
 

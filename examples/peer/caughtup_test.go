@@ -25,14 +25,14 @@ import (
 // wire protocol that a mixed cluster relies on, the same at
 // release.Previous (fc10b2a) as in this tree: `git show
 // fc10b2a:node/rpc.go` and node/membership.go (shardReq, statusResp),
-// which are internal/cluster's ShardRequest and PeerStatus in this tree.
+// which are internal/membership's ShardRequest and PeerStatus in this tree.
 const (
 	rpcMethodStatus   uint8 = 9  // node.methodStatus: -> statusResp
 	rpcMethodCaughtUp uint8 = 12 // node.methodCaughtUp: shardReq -> nothing, or an error
 )
 
-// rpcShardReq and rpcStatusResp are cluster.ShardRequest and
-// cluster.PeerStatus (node's shardReq and statusResp at fc10b2a).
+// rpcShardReq and rpcStatusResp are membership.ShardRequest and
+// membership.PeerStatus (node's shardReq and statusResp at fc10b2a).
 type rpcShardReq struct {
 	Shard uint64 `msgpack:"s"`
 }

@@ -303,7 +303,7 @@ func marksDraining(cur, next *layout.Placement) (string, bool) {
 // BootstrapExpect is above 0): a joiner refuses every prepare, or whoever
 // reaches its port could make it promise, and then commit, a plan of
 // theirs. The plan's coordinator is its founder first by name (the one
-// cluster.Decide lets coordinate); free reports whether gossip shows a
+// bootstrap.Decide lets coordinate); free reports whether gossip shows a
 // peer as an alive member free to found a cluster, with the NodeHostID
 // the plan gives it. With identity the caller must be the coordinator.
 func BootstrapPrepare(c Caller, founder bool, plan *layout.Placement, free func(layout.Peer) bool) error {

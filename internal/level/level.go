@@ -12,7 +12,7 @@
 //  1. A new cluster starts at the newest level every founder speaks.
 //  2. The meta leader raises the level from N to N+1 (or higher) only once
 //     every peer of the layout and every live member of the gossip mesh
-//     speaks it (cluster.Controller). The level never goes down: the meta
+//     speaks it (internal/controller). The level never goes down: the meta
 //     shard refuses a layout that lowers it.
 //  3. A peer writes a level's formats only after the meta shard committed
 //     that level; a layout a peer holds may lag the level, never lead it,

@@ -1,4 +1,4 @@
-package cluster
+package replicas
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestNodeHostConfig(t *testing.T) {
-	c, err := NodeHostConfig(HostConfig{Dir: "d", RaftAddr: "a:1", RTT: 50 * time.Millisecond})
+	c, err := NodeHostConfig(Config{Dir: "d", RaftAddr: "a:1", RTT: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,18 +47,18 @@ func TestNodeHostConfig(t *testing.T) {
 	}
 	// Any one file asks for mutual TLS: a half-configured set is refused
 	// instead of running in plaintext.
-	if _, err := NodeHostConfig(HostConfig{CertFile: "cert.pem"}); err == nil || !strings.Contains(err.Error(), "CAFile") {
+	if _, err := NodeHostConfig(Config{CertFile: "cert.pem"}); err == nil || !strings.Contains(err.Error(), "CAFile") {
 		t.Fatalf("a cert file alone: %v, want an error naming the missing CAFile", err)
 	}
 	ca := transporttest.NewCA(t)
 	f := ca.WriteFiles(t.TempDir(), "peer-1")
-	if _, err := NodeHostConfig(HostConfig{CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile}); err != nil {
+	if _, err := NodeHostConfig(Config{CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile}); err != nil {
 		t.Fatalf("good TLS files: %v", err)
 	}
 	// A transport the caller gives is used as is.
 	fake := raftnet.Factory(raftnet.Config{})
-	if c, _ := NodeHostConfig(HostConfig{Transport: fake}); c.Expert.TransportFactory != fake {
-		t.Fatal("HostConfig.Transport not used")
+	if c, _ := NodeHostConfig(Config{Transport: fake}); c.Expert.TransportFactory != fake {
+		t.Fatal("Config.Transport not used")
 	}
 }
 
@@ -101,7 +101,7 @@ func freeAddr(t *testing.T) string {
 func TestReplicaLifecycle(t *testing.T) {
 	stopped := make(chan uint64, 4)
 	addr := freeAddr(t)
-	r, err := Open(HostConfig{Dir: "raft", RaftAddr: addr, RTT: 10 * time.Millisecond, FS: vfs.NewMem(),
+	r, err := Open(Config{Dir: "raft", RaftAddr: addr, RTT: 10 * time.Millisecond, FS: vfs.NewMem(),
 		OnStop: func(shard uint64) { stopped <- shard }})
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +185,7 @@ func TestReplicaLifecycle(t *testing.T) {
 // opens, and a new one gets the machine's count.
 func TestDataDirKeepsItsStepWorkerCount(t *testing.T) {
 	dir := t.TempDir()
-	hc := HostConfig{Dir: dir, RaftAddr: freeAddr(t), RTT: 10 * time.Millisecond}
+	hc := Config{Dir: dir, RaftAddr: freeAddr(t), RTT: 10 * time.Millisecond}
 	c, err := NodeHostConfig(hc)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
+	"github.com/lockmesh/lockmesh/internal/bootstrap"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -43,7 +44,7 @@ func (s *Service) RunBootstrap(ctx context.Context, ready <-chan struct{}) {
 // bootstrapStep does what Decide says: adopt a running cluster's layout,
 // coordinate the founding of one, or nothing yet.
 func (s *Service) bootstrapStep(ctx context.Context) error {
-	f := Decide(s.mesh.Members(), s.cfg.Name, s.cfg.BootstrapExpect)
+	f := bootstrap.Decide(s.mesh.Members(), s.cfg.Name, s.cfg.BootstrapExpect)
 	switch {
 	case f.AdoptFrom != nil:
 		return s.fetchPlacement(ctx, *f.AdoptFrom)
@@ -72,7 +73,7 @@ func (s *Service) coordinate(ctx context.Context, members []mesh.Member) error {
 	var idb [8]byte
 	_, _ = rand.Read(idb[:])
 	cid := binary.BigEndian.Uint64(idb[:]) | 1
-	p := NewPlan(cid, s.cfg.Shards, s.cfg.ReplicationFactor, s.cfg.TopLevel, members)
+	p := bootstrap.NewPlan(cid, s.cfg.Shards, s.cfg.ReplicationFactor, s.cfg.TopLevel, members)
 	raw, err := layout.Encode(p)
 	if err != nil {
 		return err
@@ -184,7 +185,7 @@ func (s *Service) ServeBootstrap(ctx context.Context, method uint8, body []byte)
 	s.bootMu.Unlock()
 	if cur := s.placement.Load(); cur == nil && !s.cfg.UnsafeNoAuthz {
 		if err := authz.BootstrapCommit(promised, body); err != nil {
-			return nil, s.local.Refused(err)
+			return nil, s.peer.Refused(err)
 		}
 	}
 	return nil, s.commitPlan(p)
@@ -199,9 +200,9 @@ func (s *Service) authorizePrepare(ctx context.Context, plan *layout.Placement) 
 	}
 	free := func(pe layout.Peer) bool {
 		m, ok := s.mesh.Member(pe.Name)
-		return ok && MayFound(m) && m.Meta.NodeHostID == pe.NodeHostID
+		return ok && bootstrap.MayFound(m) && m.Meta.NodeHostID == pe.NodeHostID
 	}
-	return s.local.Refused(authz.BootstrapPrepare(s.local.Caller(ctx), s.cfg.BootstrapExpect > 0, plan, free))
+	return s.peer.Refused(authz.BootstrapPrepare(s.peer.Caller(ctx), s.cfg.BootstrapExpect > 0, plan, free))
 }
 
 // authorizeBootstrap applies authz.BootstrapCall to a commit or abort:
@@ -210,7 +211,7 @@ func (s *Service) authorizeBootstrap(ctx context.Context, plan *layout.Placement
 	if s.cfg.UnsafeNoAuthz {
 		return nil
 	}
-	return s.local.Refused(authz.BootstrapCall(s.local.Caller(ctx), plan, what))
+	return s.peer.Refused(authz.BootstrapCall(s.peer.Caller(ctx), plan, what))
 }
 
 // commitPlan adopts p unless this peer already has a layout.
@@ -224,11 +225,11 @@ func (s *Service) commitPlan(p *layout.Placement) error {
 		return nil
 	}
 	s.promises.Settle()
-	if err := s.local.Adopt(p); err != nil {
+	if err := s.peer.Adopt(p); err != nil {
 		return err
 	}
 	if s.replicas.Hosts(layout.MetaShard) {
-		s.local.Go(func(ctx context.Context) { s.publishPlacement(ctx, p) })
+		s.peer.Go(func(ctx context.Context) { s.publishPlacement(ctx, p) })
 	}
 	return nil
 }

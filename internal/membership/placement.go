@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"context"
@@ -52,7 +52,7 @@ func (s *Service) ReadPlacement(ctx context.Context) (*layout.Placement, error) 
 					return errAsked
 				}
 				asked[h] = true
-				raw, err := s.local.Call(ctx, h, s.cfg.Methods.GetPlacement, GetPlacementLinearizable)
+				raw, err := s.peer.Call(ctx, h, s.cfg.Methods.GetPlacement, GetPlacementLinearizable)
 				if err == nil {
 					q, err = layout.Decode(raw)
 				}
@@ -83,7 +83,7 @@ func (s *Service) ReadPlacement(ctx context.Context) (*layout.Placement, error) 
 		if pe.Name == s.cfg.Name || ctx.Err() != nil {
 			continue
 		}
-		raw, err := s.local.Call(ctx, pe.Name, s.cfg.Methods.GetPlacement, nil)
+		raw, err := s.peer.Call(ctx, pe.Name, s.cfg.Methods.GetPlacement, nil)
 		if err != nil {
 			continue
 		}
@@ -131,7 +131,7 @@ func (s *Service) ProposePlacement(ctx context.Context, q *layout.Placement) err
 				return slices.DeleteFunc(p.HostNames(layout.MetaShard), func(h string) bool { return h == s.cfg.Name })
 			},
 			Call: func(ctx context.Context, h string) error {
-				_, err := s.local.Call(ctx, h, s.cfg.Methods.SetPlacement, raw)
+				_, err := s.peer.Call(ctx, h, s.cfg.Methods.SetPlacement, raw)
 				return err
 			},
 			NoneTried: lockerr.NotReady,
@@ -139,7 +139,7 @@ func (s *Service) ProposePlacement(ctx context.Context, q *layout.Placement) err
 	}
 	pctx, cancel := context.WithTimeout(ctx, s.router.ProposalTimeout())
 	defer cancel()
-	epoch, err := s.local.ProposeLayout(pctx, raw)
+	epoch, err := s.peer.ProposeLayout(pctx, raw)
 	if err != nil {
 		return err
 	}
@@ -209,20 +209,20 @@ func NoteShortfall(log *slog.Logger, old, q *layout.Placement) {
 // not this peer's.
 func (s *Service) updatePlacement(ctx context.Context, q *layout.Placement) error {
 	if ie := q.CheckIdentity(s.cfg.Name, s.replicas.ID()); ie != nil {
-		s.local.RefuseLayout(ie)
+		s.peer.RefuseLayout(ie)
 		return ie
 	}
-	if err := s.local.CheckLevel(q); err != nil {
+	if err := s.peer.CheckLevel(q); err != nil {
 		return err
 	}
-	if err := s.local.SaveRecord(q); err != nil {
+	if err := s.peer.SaveRecord(q); err != nil {
 		return err
 	}
 	NoteShortfall(s.log, s.placement.Load(), q)
 	s.placement.Store(q)
 	for _, st := range replicaSteps(q, s.cfg.Name, s.replicas.Local) {
 		if st.start {
-			if err := s.local.StartReplica(q, st.shard, st.replica); err != nil {
+			if err := s.peer.StartReplica(q, st.shard, st.replica); err != nil {
 				s.log.Warn("start replica", "shard", st.shard, "err", err)
 			}
 		} else {

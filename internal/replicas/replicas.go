@@ -1,4 +1,4 @@
-package cluster
+package replicas
 
 import (
 	"bytes"
@@ -32,8 +32,8 @@ const ElectionRTT = 10
 // removeDataTimeout bounds the deletion of a removed replica's data.
 const removeDataTimeout = 5 * time.Second
 
-// HostConfig is what a peer's NodeHost is built from.
-type HostConfig struct {
+// Config is what a peer's NodeHost and its Table are built from.
+type Config struct {
 	Dir      string        // where the Raft logs and snapshots live
 	RaftAddr string        // the address other NodeHosts reach this one at
 	RTT      time.Duration // the network's round trip; every Raft timer is a multiple of it
@@ -84,13 +84,13 @@ type HostConfig struct {
 // engineConfig for the measurements behind them), and raftnet's transport
 // unless c.Transport replaces it. It fails if the TLS files cannot be
 // loaded.
-func NodeHostConfig(c HostConfig) (config.NodeHostConfig, error) {
+func NodeHostConfig(c Config) (config.NodeHostConfig, error) {
 	return nodeHostConfig(c, nil)
 }
 
 // nodeHostConfig is NodeHostConfig with gate, when not nil, in front of
 // the transport and told of what the LogDB writes.
-func nodeHostConfig(c HostConfig, gate *raftauth.Filter) (config.NodeHostConfig, error) {
+func nodeHostConfig(c Config, gate *raftauth.Filter) (config.NodeHostConfig, error) {
 	fs := c.FS
 	if fs == nil {
 		fs = vfs.Default
@@ -213,12 +213,12 @@ func readStepWorkers(fs vfs.FS, path string) uint64 {
 	return st.StepWorkerCount
 }
 
-// Replicas owns a peer's NodeHost and the table of the replicas it runs:
+// Table owns a peer's NodeHost and the table of the replicas it runs:
 // at most one per shard, each either running or halted. It is safe for
 // concurrent use. Halted replicas are not started again until the process
 // restarts (upgraded), because their state machines stopped at an entry
 // this release cannot read.
-type Replicas struct {
+type Table struct {
 	nh     *dragonboat.NodeHost
 	gate   *raftauth.Filter // in front of the Raft port; nil when none
 	log    *slog.Logger
@@ -232,7 +232,7 @@ type Replicas struct {
 }
 
 // Open starts the NodeHost of c. The caller releases it with Close.
-func Open(c HostConfig) (*Replicas, error) {
+func Open(c Config) (*Table, error) {
 	log := c.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -241,7 +241,7 @@ func Open(c HostConfig) (*Replicas, error) {
 	if onStop == nil {
 		onStop = func(uint64) {}
 	}
-	r := &Replicas{
+	r := &Table{
 		log:     log,
 		onStop:  onStop,
 		running: map[uint64]uint64{},
@@ -251,7 +251,7 @@ func Open(c HostConfig) (*Replicas, error) {
 	// start: until then every message is refused.
 	var gate *raftauth.Filter
 	if c.RaftPeers != nil {
-		gate = &raftauth.Filter{View: gateView{Replicas: r, RaftPeers: c.RaftPeers}, Logs: &raftauth.Logs{}}
+		gate = &raftauth.Filter{View: gateView{Table: r, RaftPeers: c.RaftPeers}, Logs: &raftauth.Logs{}}
 	}
 	nhc, err := nodeHostConfig(c, gate)
 	if err != nil {
@@ -266,7 +266,7 @@ func Open(c HostConfig) (*Replicas, error) {
 
 // RaftRefused is the number of Raft messages and snapshot chunks the
 // filter in front of the Raft port refused (0 without one).
-func (r *Replicas) RaftRefused() uint64 {
+func (r *Table) RaftRefused() uint64 {
 	if r.gate == nil {
 		return 0
 	}
@@ -274,16 +274,16 @@ func (r *Replicas) RaftRefused() uint64 {
 }
 
 // NodeHost is the dragonboat NodeHost the replicas run on, for proposals
-// and reads. Its replicas must be started and stopped through Replicas.
-func (r *Replicas) NodeHost() *dragonboat.NodeHost { return r.nh }
+// and reads. Its replicas must be started and stopped through the Table.
+func (r *Table) NodeHost() *dragonboat.NodeHost { return r.nh }
 
 // ID is the NodeHostID: the identity under which layouts list this peer.
-func (r *Replicas) ID() string { return r.nh.ID() }
+func (r *Table) ID() string { return r.nh.ID() }
 
 // Close waits for the stops of halted replicas under way and closes the
 // NodeHost, which stops every replica (keeping their data). Call it once,
 // after every caller of Start and Remove has returned.
-func (r *Replicas) Close() {
+func (r *Table) Close() {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
@@ -313,7 +313,7 @@ func ReplicaConfig(shard, id uint64) config.Config {
 // nothing, if the shard's replica halted here; a replica that halts while
 // replaying its log is stopped again, keeping its data, and its halt error
 // returned.
-func (r *Replicas) Start(p *layout.Placement, shard uint64, rep layout.Replica, create sm.CreateStateMachineFunc) error {
+func (r *Table) Start(p *layout.Placement, shard uint64, rep layout.Replica, create sm.CreateStateMachineFunc) error {
 	if err := r.Halted(shard); err != nil {
 		return err
 	}
@@ -352,7 +352,7 @@ func (r *Replicas) Start(p *layout.Placement, shard uint64, rep layout.Replica, 
 // shard no longer lists it, and its id is never used again. Nothing
 // happens if no replica of shard runs here. Failures are logged: the
 // replica no longer counts as running either way.
-func (r *Replicas) Remove(ctx context.Context, shard uint64) {
+func (r *Table) Remove(ctx context.Context, shard uint64) {
 	r.mu.Lock()
 	id, ok := r.running[shard]
 	delete(r.running, shard)
@@ -378,7 +378,7 @@ func (r *Replicas) Remove(ctx context.Context, shard uint64) {
 // start. It is called on dragonboat's apply goroutine, which the stop
 // would wait for, so the stop runs on another goroutine (Close waits for
 // it). It does not block.
-func (r *Replicas) Halt(shard uint64, cause error) {
+func (r *Table) Halt(shard uint64, cause error) {
 	r.mu.Lock()
 	r.halted[shard] = cause
 	id, ok := r.running[shard]
@@ -399,7 +399,7 @@ func (r *Replicas) Halt(shard uint64, cause error) {
 }
 
 // stopHalted stops the halted replica id of shard, keeping its data.
-func (r *Replicas) stopHalted(shard, id uint64) {
+func (r *Table) stopHalted(shard, id uint64) {
 	r.onStop(shard)
 	if err := r.nh.StopReplica(shard, id); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
 		r.log.Warn("stop halted replica", "shard", shard, "replica", id, "err", err)
@@ -408,14 +408,14 @@ func (r *Replicas) stopHalted(shard, id uint64) {
 
 // Halted returns why this peer's replica of shard halted, as given to
 // Halt, or nil.
-func (r *Replicas) Halted(shard uint64) error {
+func (r *Table) Halted(shard uint64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.halted[shard]
 }
 
 // Local returns the id of the replica of shard this peer runs.
-func (r *Replicas) Local(shard uint64) (uint64, bool) {
+func (r *Table) Local(shard uint64) (uint64, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	id, ok := r.running[shard]
@@ -423,20 +423,20 @@ func (r *Replicas) Local(shard uint64) (uint64, bool) {
 }
 
 // Hosts reports whether this peer runs a replica of shard.
-func (r *Replicas) Hosts(shard uint64) bool {
+func (r *Table) Hosts(shard uint64) bool {
 	_, ok := r.Local(shard)
 	return ok
 }
 
 // Count is the number of replicas running here.
-func (r *Replicas) Count() int {
+func (r *Table) Count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.running)
 }
 
 // Running returns a copy of the replicas running here, shard -> replica id.
-func (r *Replicas) Running() map[uint64]uint64 {
+func (r *Table) Running() map[uint64]uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make(map[uint64]uint64, len(r.running))
@@ -448,13 +448,13 @@ func (r *Replicas) Running() map[uint64]uint64 {
 
 // Leader returns the replica id this peer's NodeHost sees leading shard;
 // false when it knows of no leader or runs no replica of shard.
-func (r *Replicas) Leader(shard uint64) (uint64, bool) {
+func (r *Table) Leader(shard uint64) (uint64, bool) {
 	id, _, ok, err := r.nh.GetLeaderID(shard)
 	return id, err == nil && ok
 }
 
 // Leads reports whether this peer's replica of shard is its leader.
-func (r *Replicas) Leads(shard uint64) bool {
+func (r *Table) Leads(shard uint64) bool {
 	id, ok := r.Local(shard)
 	if !ok {
 		return false

@@ -1,4 +1,4 @@
-package cluster
+package controller
 
 import (
 	"context"
@@ -7,8 +7,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/bootstrap"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/level"
+	"github.com/lockmesh/lockmesh/internal/membership"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
@@ -24,7 +26,7 @@ func (c *Controller) moveReplica(ctx context.Context, shard uint64, add string, 
 }
 
 func (c *Controller) addReplica(ctx context.Context, shard uint64, peer string) error {
-	p, err := c.host.ReadPlacement(ctx)
+	p, err := c.cluster.ReadPlacement(ctx)
 	if err != nil {
 		return err
 	}
@@ -50,18 +52,18 @@ func (c *Controller) addReplica(ctx context.Context, shard uint64, peer string) 
 		// member missing from the layout would never be started.
 		q := p.Next()
 		r = q.AddReplica(shard, peer)
-		if err := c.host.ProposePlacement(ctx, q); err != nil {
+		if err := c.cluster.ProposePlacement(ctx, q); err != nil {
 			return err
 		}
 	}
-	if err := c.host.ChangeMembership(ctx, MembershipChange{Shard: shard, Add: true, Replica: r.ID, NodeHostID: pe.NodeHostID}); err != nil {
-		if errors.Is(err, ErrReplicaRemoved) {
+	if err := c.cluster.ChangeMembership(ctx, membership.MembershipChange{Shard: shard, Add: true, Replica: r.ID, NodeHostID: pe.NodeHostID}); err != nil {
+		if errors.Is(err, membership.ErrReplicaRemoved) {
 			// The id was used and removed before: drop it from the layout,
 			// the next step adds the replica under a fresh id.
-			if p, rerr := c.host.ReadPlacement(ctx); rerr == nil {
+			if p, rerr := c.cluster.ReadPlacement(ctx); rerr == nil {
 				q := p.Next()
 				q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], func(o layout.Replica) bool { return o.ID == r.ID })
-				_ = c.host.ProposePlacement(ctx, q)
+				_ = c.cluster.ProposePlacement(ctx, q)
 			}
 		}
 		return fmt.Errorf("add replica %d on %s: %w", r.ID, peer, err)
@@ -69,21 +71,21 @@ func (c *Controller) addReplica(ctx context.Context, shard uint64, peer string) 
 	// Wait until the new replica serves a linearizable read: it is a member
 	// and has applied everything committed before the read.
 	for attempt := 0; ; attempt++ {
-		if m, ok := c.host.Member(peer); !ok || m.State != mesh.StateAlive || m.Meta.NodeHostID != pe.NodeHostID {
+		if m, ok := c.cluster.Member(peer); !ok || m.State != mesh.StateAlive || m.Meta.NodeHostID != pe.NodeHostID {
 			return fmt.Errorf("peer %s (NodeHostID %s) went away while its replica %d of shard %d caught up", peer, pe.NodeHostID, r.ID, shard)
 		}
-		if err := c.host.CaughtUp(ctx, peer, shard); err == nil {
+		if err := c.cluster.CaughtUp(ctx, peer, shard); err == nil {
 			c.log.Info("replica added", "shard", shard, "peer", peer, "replica", r.ID)
 			return nil
 		}
-		if err := c.host.Backoff(ctx, min(attempt, 3)); err != nil {
+		if err := c.cluster.Backoff(ctx, min(attempt, 3)); err != nil {
 			return fmt.Errorf("replica %d on %s did not catch up: %w", r.ID, peer, err)
 		}
 	}
 }
 
 func (c *Controller) removeReplica(ctx context.Context, shard uint64, r layout.Replica) error {
-	p, err := c.host.ReadPlacement(ctx)
+	p, err := c.cluster.ReadPlacement(ctx)
 	if err != nil {
 		return err
 	}
@@ -94,7 +96,7 @@ func (c *Controller) removeReplica(ctx context.Context, shard uint64, r layout.R
 	}
 	// A planned removal must leave a quorum of caught-up members; a dead
 	// peer's replica goes regardless (it counts toward no quorum).
-	if m, ok := c.host.Member(r.Peer); ok && m.State == mesh.StateAlive {
+	if m, ok := c.cluster.Member(r.Peer); ok && m.State == mesh.StateAlive {
 		if err := c.CheckQuorum(ctx, p, shard, r.Peer, -1); err != nil {
 			return fmt.Errorf("remove replica %d from %s: %w", r.ID, r.Peer, err)
 		}
@@ -111,7 +113,7 @@ func (c *Controller) removeReplica(ctx context.Context, shard uint64, r layout.R
 		slices.Sort(others)
 		moved := false
 		for _, target := range others {
-			_ = c.host.TransferLeader(ctx, r.Peer, shard, target)
+			_ = c.cluster.TransferLeader(ctx, r.Peer, shard, target)
 			deadline := time.Now().Add(30 * c.cfg.RTT)
 			for !moved && time.Now().Before(deadline) {
 				time.Sleep(c.cfg.RTT)
@@ -126,7 +128,7 @@ func (c *Controller) removeReplica(ctx context.Context, shard uint64, r layout.R
 			return fmt.Errorf("replica %d still leads shard %d after leadership transfers to %v", r.ID, shard, others)
 		}
 	}
-	if err := c.host.ChangeMembership(ctx, MembershipChange{Shard: shard, Add: false, Replica: r.ID}); err != nil {
+	if err := c.cluster.ChangeMembership(ctx, membership.MembershipChange{Shard: shard, Add: false, Replica: r.ID}); err != nil {
 		return fmt.Errorf("remove replica %d from %s: %w", r.ID, r.Peer, err)
 	}
 	// The replica is out of the Raft group: the layout must say so before
@@ -139,7 +141,7 @@ func (c *Controller) removeReplica(ctx context.Context, shard uint64, r layout.R
 			c.log.Info("replica removed from layout", "shard", shard, "peer", r.Peer, "replica", r.ID)
 			return nil
 		}
-		if berr := c.host.Backoff(ctx, min(attempt, 3)); berr != nil {
+		if berr := c.cluster.Backoff(ctx, min(attempt, 3)); berr != nil {
 			return fmt.Errorf("replica %d left shard %d but the layout still lists it: %w", r.ID, shard, err)
 		}
 	}
@@ -178,7 +180,7 @@ func (c *Controller) CheckQuorum(ctx context.Context, p *layout.Placement, shard
 			return nil
 		}
 		cctx, cancel := context.WithTimeout(ctx, c.cfg.ProposalTimeout)
-		err := c.host.CaughtUp(cctx, name, shard)
+		err := c.cluster.CaughtUp(cctx, name, shard)
 		cancel()
 		if err == nil {
 			caughtUp++
@@ -194,7 +196,7 @@ func (c *Controller) CheckQuorum(ctx context.Context, p *layout.Placement, shard
 
 // dropFromLayout removes the replicas ids of shard from the layout.
 func (c *Controller) dropFromLayout(ctx context.Context, shard uint64, ids []uint64) error {
-	p, err := c.host.ReadPlacement(ctx)
+	p, err := c.cluster.ReadPlacement(ctx)
 	if err != nil {
 		return err
 	}
@@ -204,7 +206,7 @@ func (c *Controller) dropFromLayout(ctx context.Context, shard uint64, ids []uin
 	}
 	q := p.Next()
 	q.Replicas[shard] = slices.DeleteFunc(q.Replicas[shard], listed)
-	return c.host.ProposePlacement(ctx, q)
+	return c.cluster.ProposePlacement(ctx, q)
 }
 
 // reconcile makes the layout of shard agree with its Raft membership:
@@ -215,7 +217,7 @@ func (c *Controller) dropFromLayout(ctx context.Context, shard uint64, ids []uin
 // gone from Raft would hide an under-replicated shard, or make a live
 // replica look surplus.
 func (c *Controller) reconcile(ctx context.Context, p *layout.Placement, shard uint64) (bool, error) {
-	m, err := c.host.Membership(ctx, shard)
+	m, err := c.cluster.Membership(ctx, shard)
 	if err != nil {
 		return false, err
 	}
@@ -240,7 +242,7 @@ func (c *Controller) reconcile(ctx context.Context, p *layout.Placement, shard u
 func (c *Controller) balanceLeaders(ctx context.Context, p *layout.Placement, eligible []string) error {
 	leaders := map[uint64]uint64{}
 	for _, name := range eligible {
-		st, err := c.host.Status(ctx, name)
+		st, err := c.cluster.Status(ctx, name)
 		if err != nil {
 			continue
 		}
@@ -263,13 +265,13 @@ func (c *Controller) balanceLeaders(ctx context.Context, p *layout.Placement, el
 	c.mu.Lock()
 	c.lastTransfer = time.Now()
 	c.mu.Unlock()
-	return c.host.TransferLeader(ctx, mv.From, mv.Shard, mv.Target)
+	return c.cluster.TransferLeader(ctx, mv.From, mv.Shard, mv.Target)
 }
 
 // shardLeader asks the shard's hosts who leads it.
 func (c *Controller) shardLeader(ctx context.Context, p *layout.Placement, shard uint64) (uint64, bool) {
 	for _, name := range p.HostNames(shard) {
-		if st, err := c.host.Status(ctx, name); err == nil {
+		if st, err := c.cluster.Status(ctx, name); err == nil {
 			if id, ok := st.Leaders[shard]; ok && id != 0 {
 				return id, true
 			}
@@ -292,7 +294,7 @@ func (c *Controller) raiseLevel(ctx context.Context, p *layout.Placement, member
 			alive = append(alive, m)
 		}
 	}
-	target := NewLevel(c.cfg.TopLevel, alive)
+	target := bootstrap.NewLevel(c.cfg.TopLevel, alive)
 	for _, pe := range p.Peers {
 		if !seen[pe.Name] {
 			return false, nil
@@ -305,7 +307,7 @@ func (c *Controller) raiseLevel(ctx context.Context, p *layout.Placement, member
 	// restarted on an older release); each peer of the layout, which runs
 	// replicas, is asked itself.
 	for _, pe := range p.Peers {
-		st, err := c.host.Status(ctx, pe.Name)
+		st, err := c.cluster.Status(ctx, pe.Name)
 		if err != nil {
 			return false, nil
 		}
@@ -317,5 +319,5 @@ func (c *Controller) raiseLevel(ctx context.Context, p *layout.Placement, member
 	q := p.Next()
 	q.Level = uint32(target)
 	c.log.Info("raising the cluster's feature level", "from", layout.LevelOf(p), "to", target, "epoch", q.Epoch)
-	return true, c.host.ProposePlacement(ctx, q)
+	return true, c.cluster.ProposePlacement(ctx, q)
 }

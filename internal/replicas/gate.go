@@ -1,4 +1,4 @@
-package cluster
+package replicas
 
 import (
 	"context"
@@ -27,7 +27,7 @@ type RaftPeers interface {
 // gateView is the raftauth.View of a peer: its running replicas, and the
 // rest from its RaftPeers.
 type gateView struct {
-	*Replicas
+	*Table
 	RaftPeers
 }
 
@@ -43,7 +43,7 @@ type gatedFactory struct {
 
 func (f gatedFactory) Create(nhc config.NodeHostConfig, onBatch raftio.MessageHandler, onChunk raftio.ChunkHandler) raftio.ITransport {
 	batch := func(b pb.MessageBatch) {
-		f.gate.Batch(nil, &b) // refusals are counted (Replicas.RaftRefused)
+		f.gate.Batch(nil, &b) // refusals are counted (Table.RaftRefused)
 		if len(b.Requests) > 0 {
 			onBatch(b)
 		}

@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"context"
@@ -16,23 +16,25 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
+	"github.com/lockmesh/lockmesh/internal/bootstrap"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/msgcheck"
+	"github.com/lockmesh/lockmesh/internal/replicas"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
 )
 
-// Local is what a Service needs of the peer it runs on that this package
+// Peer is what a Service needs of the peer it runs on that this package
 // does not own: its RPCs, the caller of a request and the form of a
 // refusal, the state machines behind the shards, the records and checks
 // that go with a new layout, adopting the first one, and its goroutines.
-// Package node implements it. Its
+// The running peer implements it. Its
 // methods are called from the RPC handlers, the placement loop, the
 // controller and Leave, several at once.
-type Local interface {
+type Peer interface {
 	// Call calls the named peer with method and body, or serves the call
 	// here when name is this peer. It fails when gossip gives the name no
 	// address.
@@ -98,8 +100,8 @@ type Methods struct {
 // for the cluster) takes the copy.
 var GetPlacementLinearizable = []byte{1}
 
-// ServiceConfig is what a Service is built from.
-type ServiceConfig struct {
+// Config is what a Service is built from.
+type Config struct {
 	Name     string        // this peer's name in the layout
 	Methods  Methods       // the RPC methods of its requests
 	Interval time.Duration // between the placement loop's reads of the layout
@@ -126,9 +128,9 @@ type ServiceConfig struct {
 	BootstrapInterval time.Duration
 	Now               func() time.Time
 
-	Mesh     *mesh.Mesh     // gossip: the members the controller and bootstrap see
-	Replicas *Replicas      // the replicas this peer runs
-	Router   *router.Router // tries a shard's hosts; its leader cache, backoff and proposal timeout
+	Mesh     *mesh.Mesh      // gossip: the members the controller and bootstrap see
+	Replicas *replicas.Table // the replicas this peer runs
+	Router   *router.Router  // tries a shard's hosts; its leader cache, backoff and proposal timeout
 	// Peers calls a peer at its RPC address (bootstrap calls founders
 	// that may be in no layout yet).
 	Peers router.Caller
@@ -145,15 +147,15 @@ type ServiceConfig struct {
 // cluster with other founders or adopts a running one's layout
 // (RunBootstrap, ServeBootstrap), answers the membership RPCs of the
 // controller and of leaving peers (Serve), makes them (it is the
-// controller's Host), keeps this peer's copy of the layout current and its
+// controller's Cluster), keeps this peer's copy of the layout current and its
 // replicas in line with it (RunPlacement), and moves the peer out of the
 // cluster (Leave).
 type Service struct {
-	local     Local
-	cfg       ServiceConfig
+	peer      Peer
+	cfg       Config
 	log       *slog.Logger
 	mesh      *mesh.Mesh
-	replicas  *Replicas
+	replicas  *replicas.Table
 	nh        *dragonboat.NodeHost
 	router    *router.Router
 	placement *atomic.Pointer[layout.Placement]
@@ -162,14 +164,12 @@ type Service struct {
 	bootMu sync.Mutex
 	// promises is the bootstrap plan this peer agreed to, not yet
 	// committed. Guarded by bootMu, with the check that placement is nil.
-	promises Promises
+	promises bootstrap.Promises
 }
 
-var _ Host = (*Service)(nil)
-
-// NewService returns the membership service of the peer local. It does
+// New returns the membership service of peer. It does
 // nothing on its own until RunBootstrap and RunPlacement.
-func NewService(local Local, cfg ServiceConfig) *Service {
+func New(peer Peer, cfg Config) *Service {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -178,7 +178,7 @@ func NewService(local Local, cfg ServiceConfig) *Service {
 		cfg.Now = time.Now
 	}
 	return &Service{
-		local:     local,
+		peer:      peer,
 		cfg:       cfg,
 		log:       log,
 		mesh:      cfg.Mesh,
@@ -232,7 +232,7 @@ func (s *Service) callWith(ctx context.Context, name string, method uint8, req a
 	if err != nil {
 		return nil, err
 	}
-	return s.local.Call(ctx, name, method, body)
+	return s.peer.Call(ctx, name, method, body)
 }
 
 // Serve answers the controller's and leaving peers' requests: the
@@ -242,8 +242,8 @@ func (s *Service) callWith(ctx context.Context, name string, method uint8, req a
 func (s *Service) Serve(ctx context.Context, method uint8, body []byte) ([]byte, error) {
 	ms := s.cfg.Methods
 	if p := s.placement.Load(); p != nil && !s.cfg.UnsafeNoAuthz && (method == ms.ConfigChange || method == ms.TransferLeader) {
-		if err := authz.MetaMember(s.local.Caller(ctx), p.HostNames(layout.MetaShard), "membership change"); err != nil {
-			return nil, s.local.Refused(err)
+		if err := authz.MetaMember(s.peer.Caller(ctx), p.HostNames(layout.MetaShard), "membership change"); err != nil {
+			return nil, s.peer.Refused(err)
 		}
 	}
 	switch method {
@@ -328,7 +328,7 @@ func (s *Service) Serve(ctx context.Context, method uint8, body []byte) ([]byte,
 		defer cancel()
 		// Any linearizable read will do (the meta shard answers every query
 		// with the layout).
-		if err := s.local.ReadIndex(rctx, req.Shard); err != nil {
+		if err := s.peer.ReadIndex(rctx, req.Shard); err != nil {
 			return nil, lockerr.RPC(lockerr.CodeBusy, "shard %d not caught up: %v", req.Shard, err)
 		}
 		return nil, nil
@@ -352,7 +352,7 @@ func (s *Service) Serve(ctx context.Context, method uint8, body []byte) ([]byte,
 // this meta host to write, against the layout the meta shard holds now
 // (this peer's copy when the meta replica cannot answer).
 func (s *Service) authorizeLayout(ctx context.Context, q *layout.Placement) error {
-	c := s.local.Caller(ctx)
+	c := s.peer.Caller(ctx)
 	if c.Anonymous() || s.cfg.UnsafeNoAuthz {
 		return nil
 	}
@@ -362,7 +362,7 @@ func (s *Service) authorizeLayout(ctx context.Context, q *layout.Placement) erro
 			return Busy(layout.MetaShard, err)
 		}
 	}
-	return s.local.Refused(authz.LayoutChange(c, cur, q))
+	return s.peer.Refused(authz.LayoutChange(c, cur, q))
 }
 
 // localMembership reads shard's Raft membership through this peer's
@@ -396,7 +396,7 @@ func (s *Service) Backoff(ctx context.Context, attempt int) error {
 // shards as it sees them.
 func (s *Service) Status(ctx context.Context, peer string) (PeerStatus, error) {
 	var st PeerStatus
-	raw, err := s.local.Call(ctx, peer, s.cfg.Methods.Status, nil)
+	raw, err := s.peer.Call(ctx, peer, s.cfg.Methods.Status, nil)
 	if err == nil {
 		err = decode(raw, &st)
 	}
@@ -484,7 +484,7 @@ func (s *Service) configChange(ctx context.Context, req MembershipChange) error 
 			return hosts
 		},
 		Call: func(ctx context.Context, h string) error {
-			_, err := s.local.Call(ctx, h, s.cfg.Methods.ConfigChange, body)
+			_, err := s.peer.Call(ctx, h, s.cfg.Methods.ConfigChange, body)
 			return err
 		},
 		// A host that refuses the change (a removed replica cannot come

@@ -1,26 +1,29 @@
-package cluster
+package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/bootstrap"
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/level"
+	"github.com/lockmesh/lockmesh/internal/membership"
 	"github.com/lockmesh/lockmesh/internal/throttle"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
-// Host is what the controller needs from its peer: the layout in the meta
-// shard, the gossip members, and calls to other peers. The peer's Service
-// implements it over the membership RPCs. Every method is called from the
+var _ Cluster = (*membership.Service)(nil)
+
+// Cluster is the cluster as the controller acts on it: the layout in the
+// meta shard, the gossip members, and calls to other peers. The peer's
+// membership service implements it over the membership RPCs. Every method is called from the
 // controller's loop or from its replica moves, several at once, and may
 // block until its ctx ends.
-type Host interface {
+type Cluster interface {
 	// LeadsMeta reports whether this peer's replica leads the meta shard.
 	// It must not block.
 	LeadsMeta() bool
@@ -36,7 +39,7 @@ type Host interface {
 	Member(name string) (mesh.Member, bool)
 	// Status asks the named peer which replicas it runs and who leads
 	// their shards as it sees them.
-	Status(ctx context.Context, peer string) (PeerStatus, error)
+	Status(ctx context.Context, peer string) (membership.PeerStatus, error)
 	// CaughtUp asks peer whether its replica of shard serves a
 	// linearizable read: it is a member and has applied everything
 	// committed before the read.
@@ -44,11 +47,11 @@ type Host interface {
 	// ChangeMembership asks a host of c.Shard to add or remove a replica
 	// in its Raft membership; asking again for a change already made
 	// succeeds. An add of an id the shard removed before fails with an
-	// error wrapping ErrReplicaRemoved.
-	ChangeMembership(ctx context.Context, c MembershipChange) error
+	// error wrapping membership.ErrReplicaRemoved.
+	ChangeMembership(ctx context.Context, c membership.MembershipChange) error
 	// Membership reads shard's Raft membership from a peer hosting it,
 	// linearizably.
-	Membership(ctx context.Context, shard uint64) (Membership, error)
+	Membership(ctx context.Context, shard uint64) (membership.Membership, error)
 	// TransferLeader asks the named peer to hand shard's leadership to
 	// replica target.
 	TransferLeader(ctx context.Context, peer string, shard, target uint64) error
@@ -65,44 +68,8 @@ type Host interface {
 	Backoff(ctx context.Context, attempt int) error
 }
 
-// PeerStatus is what a peer says of the replicas it runs. It is also the
-// answer to Methods.Status on the wire.
-type PeerStatus struct {
-	Replicas map[uint64]uint64 `msgpack:"r"` // shard -> the peer's replica id
-	Leaders  map[uint64]uint64 `msgpack:"l"` // shard -> leader replica id, as the peer sees it
-	Leading  []uint64          `msgpack:"x"` // shards the peer leads
-	// Level is the newest feature level the peer speaks; 0 from releases
-	// before levels, which speak only level 1.
-	Level level.Level `msgpack:"v,omitempty"`
-	// Applied is, per lock shard, the index of the last entry the peer's
-	// replica applied (for the status page's lag); written from feature
-	// level 3, which every peer then reads.
-	Applied map[uint64]uint64 `msgpack:"a,omitempty"`
-}
-
-// MembershipChange adds (Add) or removes replica Replica of Shard; an
-// added replica runs on the NodeHost NodeHostID. It is also the request
-// of Methods.ConfigChange on the wire.
-type MembershipChange struct {
-	Shard      uint64 `msgpack:"s"`
-	Add        bool   `msgpack:"a"`
-	Replica    uint64 `msgpack:"r"`
-	NodeHostID string `msgpack:"h"`
-}
-
-// Membership is a shard's Raft membership, read linearizably. It is also
-// the answer to Methods.Membership on the wire.
-type Membership struct {
-	Members []uint64 `msgpack:"m"` // voting replica ids
-	Removed []uint64 `msgpack:"r"` // ids removed from the shard, never to return
-}
-
-// ErrReplicaRemoved says a replica id cannot be added to its shard: it was
-// a member before and was removed, and Raft never takes an id back.
-var ErrReplicaRemoved = errors.New("replica id was removed from the shard before")
-
-// ControllerConfig is the controller's timing and identity.
-type ControllerConfig struct {
+// Config is the controller's timing and identity.
+type Config struct {
 	Interval        time.Duration    // between steps
 	RTT             time.Duration    // the network's round trip (Config.RTT)
 	ProposalTimeout time.Duration    // bounds one proposal, read or status call
@@ -128,7 +95,7 @@ const moveTimeout = 60 * time.Second
 //
 //  1. admits peers that gossip shows alive but the layout does not list,
 //     if they speak the cluster's feature level and prove their name over
-//     the authenticated channel (Host.Vouch), and raises the level once
+//     the authenticated channel (Cluster.Vouch), and raises the level once
 //     every peer speaks a newer one;
 //  2. forgets peers that are draining or dead for longer than DeadAfter
 //     once they host nothing;
@@ -144,11 +111,11 @@ const moveTimeout = 60 * time.Second
 //
 // Keys never move between shards, so fencing tokens stay monotonic. What
 // to move is planned by internal/layout; the controller checks quorums,
-// orders the steps and carries them out through its Host.
+// orders the steps and carries them out through its Cluster.
 type Controller struct {
-	host Host
-	cfg  ControllerConfig
-	log  *slog.Logger
+	cluster Cluster
+	cfg     Config
+	log     *slog.Logger
 
 	moves sync.WaitGroup // replica moves under way
 
@@ -163,9 +130,9 @@ type Controller struct {
 	refusals throttle.Warner // peers refused admission, logged at most every 10 s
 }
 
-// NewController returns a controller acting through host. It does nothing
+// New returns a controller acting through cluster. It does nothing
 // until Run.
-func NewController(host Host, cfg ControllerConfig) *Controller {
+func New(cluster Cluster, cfg Config) *Controller {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -174,7 +141,7 @@ func NewController(host Host, cfg ControllerConfig) *Controller {
 		cfg.Now = time.Now
 	}
 	return &Controller{
-		host:        host,
+		cluster:     cluster,
 		cfg:         cfg,
 		log:         log,
 		deadSince:   map[string]time.Time{},
@@ -199,7 +166,7 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		if !c.host.LeadsMeta() {
+		if !c.cluster.LeadsMeta() {
 			continue
 		}
 		if err := c.step(ctx); err != nil {
@@ -221,12 +188,12 @@ func (c *Controller) transferGap() time.Duration { return max(5*c.cfg.RTT, 500*t
 func (c *Controller) step(loop context.Context) error {
 	ctx, cancel := context.WithTimeout(loop, c.cfg.ProposalTimeout)
 	defer cancel()
-	p, err := c.host.ReadPlacement(ctx)
+	p, err := c.cluster.ReadPlacement(ctx)
 	if err != nil {
 		return err
 	}
 	now := c.cfg.Now()
-	all := c.host.Members()
+	all := c.cluster.Members()
 	members := map[string]mesh.Member{} // the alive ones, by name
 	alive := map[string]bool{}
 	for _, m := range all {
@@ -247,7 +214,7 @@ func (c *Controller) step(loop context.Context) error {
 
 	// 1. Admit new peers, then raise the level.
 	if q, ok := c.admit(ctx, p, members); ok {
-		return c.host.ProposePlacement(ctx, q)
+		return c.cluster.ProposePlacement(ctx, q)
 	}
 
 	// The feature level rises once every peer speaks a newer one.
@@ -263,7 +230,7 @@ func (c *Controller) step(loop context.Context) error {
 		q := p.Next()
 		q.Peers = slices.DeleteFunc(q.Peers, func(pe layout.Peer) bool { return slices.Contains(forget, pe.Name) })
 		c.log.Info("forgetting peers", "peers", forget, "epoch", q.Epoch)
-		return c.host.ProposePlacement(ctx, q)
+		return c.cluster.ProposePlacement(ctx, q)
 	}
 	if len(eligible) == 0 {
 		return nil
@@ -321,14 +288,14 @@ func (c *Controller) admit(ctx context.Context, p *layout.Placement, members map
 		if _, ok := p.Peer(name); ok || m.Meta.NoReplicas || (m.Meta.Cluster != 0 && m.Meta.Cluster != p.ClusterID) {
 			continue
 		}
-		if !Speaks(m.Meta, layout.LevelOf(p)) {
+		if !bootstrap.Speaks(m.Meta, layout.LevelOf(p)) {
 			// Its replicas could not read the log (a release before
 			// levels would even skip what it cannot read).
 			c.log.Warn("not admitting a peer that does not speak the cluster's feature level", "peer", name,
 				"speaks", fmt.Sprintf("%d to %d", m.Meta.MinLevel, m.Meta.MaxLevel), "level", layout.LevelOf(p))
 			continue
 		}
-		if err := c.host.Vouch(ctx, m); err != nil {
+		if err := c.cluster.Vouch(ctx, m); err != nil {
 			c.refusals.Warn(c.log, "not admitting a peer that does not prove its identity over the authenticated channel", "peer", name, "err", err)
 			continue
 		}

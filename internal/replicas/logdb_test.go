@@ -1,4 +1,4 @@
-package cluster
+package replicas
 
 import (
 	"fmt"
@@ -146,7 +146,7 @@ func TestLogDBFactoryKeepsDragonboatsName(t *testing.T) {
 	if got := (logDBFactory{}).Name(); got != "sharded-pebble" {
 		t.Fatalf("LogDB name %q, want dragonboat's default sharded-pebble", got)
 	}
-	c, err := NodeHostConfig(HostConfig{Dir: t.TempDir(), RaftAddr: "127.0.0.1:1", RTT: 1})
+	c, err := NodeHostConfig(Config{Dir: t.TempDir(), RaftAddr: "127.0.0.1:1", RTT: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package cluster
+package controller
 
 import (
 	"context"
@@ -11,28 +11,29 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/level"
+	"github.com/lockmesh/lockmesh/internal/membership"
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
-// fakeHost is a meta shard, a gossip view and peers in memory: the layout
+// fakeCluster is a meta shard, a gossip view and peers in memory: the layout
 // is replaced only by its successor, as the meta shard's state machine
 // does, and every call is recorded.
-type fakeHost struct {
+type fakeCluster struct {
 	mu        sync.Mutex
 	p         *layout.Placement
 	members   []mesh.Member
 	lagging   map[string]bool // peers whose replicas are not caught up
-	status    map[string]PeerStatus
+	status    map[string]membership.PeerStatus
 	removed   map[uint64][]uint64 // shard -> ids Raft removed
 	refuseIDs map[uint64]bool     // ids a membership add is refused for
-	changes   []MembershipChange
+	changes   []membership.MembershipChange
 	transfers []string        // "peer shard->target"
 	impostors map[string]bool // members that cannot vouch for their identity
 }
 
-func (h *fakeHost) LeadsMeta() bool { return true }
+func (h *fakeCluster) LeadsMeta() bool { return true }
 
-func (h *fakeHost) Vouch(_ context.Context, m mesh.Member) error {
+func (h *fakeCluster) Vouch(_ context.Context, m mesh.Member) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.impostors[m.Name] {
@@ -41,13 +42,13 @@ func (h *fakeHost) Vouch(_ context.Context, m mesh.Member) error {
 	return nil
 }
 
-func (h *fakeHost) ReadPlacement(context.Context) (*layout.Placement, error) {
+func (h *fakeCluster) ReadPlacement(context.Context) (*layout.Placement, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.p.Clone(), nil
 }
 
-func (h *fakeHost) ProposePlacement(_ context.Context, q *layout.Placement) error {
+func (h *fakeCluster) ProposePlacement(_ context.Context, q *layout.Placement) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if q.Epoch != h.p.Epoch+1 {
@@ -57,15 +58,15 @@ func (h *fakeHost) ProposePlacement(_ context.Context, q *layout.Placement) erro
 	return nil
 }
 
-func (h *fakeHost) placement() *layout.Placement {
+func (h *fakeCluster) placement() *layout.Placement {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.p.Clone()
 }
 
-func (h *fakeHost) Members() []mesh.Member { return slices.Clone(h.members) }
+func (h *fakeCluster) Members() []mesh.Member { return slices.Clone(h.members) }
 
-func (h *fakeHost) Member(name string) (mesh.Member, bool) {
+func (h *fakeCluster) Member(name string) (mesh.Member, bool) {
 	for _, m := range h.members {
 		if m.Name == name {
 			return m, true
@@ -74,40 +75,40 @@ func (h *fakeHost) Member(name string) (mesh.Member, bool) {
 	return mesh.Member{}, false
 }
 
-func (h *fakeHost) Status(_ context.Context, peer string) (PeerStatus, error) {
+func (h *fakeCluster) Status(_ context.Context, peer string) (membership.PeerStatus, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st, ok := h.status[peer]
 	if !ok {
-		return PeerStatus{}, fmt.Errorf("peer %s does not answer", peer)
+		return membership.PeerStatus{}, fmt.Errorf("peer %s does not answer", peer)
 	}
 	return st, nil
 }
 
-func (h *fakeHost) CaughtUp(_ context.Context, peer string, shard uint64) error {
+func (h *fakeCluster) CaughtUp(_ context.Context, peer string, shard uint64) error {
 	if h.lagging[peer] {
 		return fmt.Errorf("peer %s: shard %d not caught up", peer, shard)
 	}
 	return nil
 }
 
-func (h *fakeHost) ChangeMembership(_ context.Context, c MembershipChange) error {
+func (h *fakeCluster) ChangeMembership(_ context.Context, c membership.MembershipChange) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if c.Add && h.refuseIDs[c.Replica] {
-		return fmt.Errorf("%w: id %d", ErrReplicaRemoved, c.Replica)
+		return fmt.Errorf("%w: id %d", membership.ErrReplicaRemoved, c.Replica)
 	}
 	h.changes = append(h.changes, c)
 	return nil
 }
 
-func (h *fakeHost) Membership(_ context.Context, shard uint64) (Membership, error) {
+func (h *fakeCluster) Membership(_ context.Context, shard uint64) (membership.Membership, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return Membership{Removed: h.removed[shard]}, nil
+	return membership.Membership{Removed: h.removed[shard]}, nil
 }
 
-func (h *fakeHost) TransferLeader(_ context.Context, peer string, shard, target uint64) error {
+func (h *fakeCluster) TransferLeader(_ context.Context, peer string, shard, target uint64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.transfers = append(h.transfers, fmt.Sprintf("%s %d->%d", peer, shard, target))
@@ -119,7 +120,7 @@ func (h *fakeHost) TransferLeader(_ context.Context, peer string, shard, target 
 	return nil
 }
 
-func (h *fakeHost) Backoff(ctx context.Context, _ int) error {
+func (h *fakeCluster) Backoff(ctx context.Context, _ int) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -135,40 +136,22 @@ func alive(name, nhid string, version level.Level) mesh.Member {
 
 // threePeers is a layout of 1 lock shard on peers a, b and c at level 1,
 // and a fake host whose gossip sees them alive.
-func threePeers() *fakeHost {
+func threePeers() *fakeCluster {
 	peers := []layout.Peer{{Name: "a", NodeHostID: "id-a"}, {Name: "b", NodeHostID: "id-b"}, {Name: "c", NodeHostID: "id-c"}}
 	p := layout.New(7, 1, 3, layout.KeySchemeHashTag, peers)
 	p.Level = 1
-	return &fakeHost{
+	return &fakeCluster{
 		p:       p,
 		members: []mesh.Member{alive("a", "id-a", 1), alive("b", "id-b", 1), alive("c", "id-c", 1)},
 		lagging: map[string]bool{},
-		status:  map[string]PeerStatus{},
+		status:  map[string]membership.PeerStatus{},
 		removed: map[uint64][]uint64{},
 	}
 }
 
-func newTestController(h Host) *Controller {
-	return NewController(h, ControllerConfig{Interval: time.Millisecond, RTT: time.Millisecond,
+func newTestController(h Cluster) *Controller {
+	return New(h, Config{Interval: time.Millisecond, RTT: time.Millisecond,
 		ProposalTimeout: time.Second, DeadAfter: time.Minute, TopLevel: 2})
-}
-
-func TestLevels(t *testing.T) {
-	for _, c := range []struct {
-		lo, hi, level level.Level
-		want          bool
-	}{{0, 0, 1, true}, {0, 0, 2, false}, {1, 2, 2, true}, {2, 3, 1, false}, {1, 1, 2, false}} {
-		if got := Speaks(mesh.Meta{MinLevel: c.lo, MaxLevel: c.hi}, c.level); got != c.want {
-			t.Errorf("Speaks(%d..%d, %d) = %v, want %v", c.lo, c.hi, c.level, got, c.want)
-		}
-	}
-	ms := []mesh.Member{alive("a", "", 2), alive("b", "", 0)}
-	if got := NewLevel(2, ms); got != 1 {
-		t.Errorf("NewLevel with a member of version 0 = %d, want 1", got)
-	}
-	if got := NewLevel(1, ms[:1]); got != 1 {
-		t.Errorf("NewLevel above this peer's top = %d, want 1", got)
-	}
 }
 
 func TestSortPeers(t *testing.T) {
@@ -293,11 +276,11 @@ func TestStepAdmitsAPeerOnlyIfItMayJoin(t *testing.T) {
 
 func TestRaiseLevel(t *testing.T) {
 	ctx := context.Background()
-	upgraded := func() *fakeHost {
+	upgraded := func() *fakeCluster {
 		h := threePeers()
 		for i := range h.members {
 			h.members[i].Meta.MaxLevel = 2
-			h.status[h.members[i].Name] = PeerStatus{Level: 2}
+			h.status[h.members[i].Name] = membership.PeerStatus{Level: 2}
 		}
 		return h
 	}
@@ -311,7 +294,7 @@ func TestRaiseLevel(t *testing.T) {
 		t.Fatal("raised while a peer of the layout was not seen alive")
 	}
 	h = upgraded()
-	h.status["b"] = PeerStatus{Level: 0} // restarted on a release before levels
+	h.status["b"] = membership.PeerStatus{Level: 0} // restarted on a release before levels
 	if raised, _ := newTestController(h).raiseLevel(ctx, h.placement(), h.Members()); raised {
 		t.Fatal("raised while a peer said it speaks level 1 only")
 	}
@@ -321,7 +304,7 @@ func TestRaiseLevel(t *testing.T) {
 		t.Fatal("raised without hearing from every peer of the layout")
 	}
 	h = upgraded()
-	if raised, _ := NewController(h, ControllerConfig{TopLevel: 1}).raiseLevel(ctx, h.placement(), h.Members()); raised {
+	if raised, _ := New(h, Config{TopLevel: 1}).raiseLevel(ctx, h.placement(), h.Members()); raised {
 		t.Fatal("raised above the level this peer speaks")
 	}
 }
@@ -334,7 +317,7 @@ func TestAddReplicaOfARemovedIDDropsIt(t *testing.T) {
 	r := h.p.AddReplica(shard, "d")
 	h.refuseIDs = map[uint64]bool{r.ID: true}
 	c := newTestController(h)
-	if err := c.addReplica(context.Background(), shard, "d"); !errors.Is(err, ErrReplicaRemoved) {
+	if err := c.addReplica(context.Background(), shard, "d"); !errors.Is(err, membership.ErrReplicaRemoved) {
 		t.Fatalf("add of a removed id: %v", err)
 	}
 	if _, ok := h.placement().Replica(shard, "d"); ok {
@@ -364,7 +347,7 @@ func TestRemoveReplicaMovesLeadershipFirst(t *testing.T) {
 	shard := h.p.ShardIDs()[1]
 	rc, _ := h.p.Replica(shard, "c")
 	for _, name := range []string{"a", "b", "c"} {
-		h.status[name] = PeerStatus{Leaders: map[uint64]uint64{shard: rc.ID}}
+		h.status[name] = membership.PeerStatus{Leaders: map[uint64]uint64{shard: rc.ID}}
 	}
 	if err := newTestController(h).removeReplica(context.Background(), shard, rc); err != nil {
 		t.Fatal(err)
@@ -372,7 +355,7 @@ func TestRemoveReplicaMovesLeadershipFirst(t *testing.T) {
 	if len(h.transfers) == 0 {
 		t.Fatal("the leader's replica was removed without moving its leadership")
 	}
-	if want := (MembershipChange{Shard: shard, Replica: rc.ID}); len(h.changes) != 1 || h.changes[0] != want {
+	if want := (membership.MembershipChange{Shard: shard, Replica: rc.ID}); len(h.changes) != 1 || h.changes[0] != want {
 		t.Fatalf("membership changes %v, want %v", h.changes, want)
 	}
 	if _, ok := h.placement().Replica(shard, "c"); ok {
