@@ -71,9 +71,10 @@ func (s *State) checkAcquire(c *Command) (k *lockKey, res Result, ok bool) {
 	return k, Result{}, true
 }
 
-// broken switches on deliberately broken grant rules, which the checkers
-// of this package's tests must catch. Tests alone set it.
-var broken struct {
+// brokenRules are deliberately broken grant rules, which the checkers of
+// this package's tests must catch. A State's are all off (State.broken);
+// only this package's tests switch one on, in a State they made.
+type brokenRules struct {
 	readerJoinsWriter bool // a reader joins a writer
 	semaphoreOverfill bool // a semaphore grants past its permits
 	groupPiecemeal    bool // a group's head is granted without the rest
@@ -94,9 +95,9 @@ func (s *State) canGrant(k *lockKey, at *attempt) bool {
 			return true
 		}
 		// Holders are one writer or only readers; the first says which.
-		return at.kind == KindRead && (s.attemptOf(k.holders()[0]).kind == KindRead || broken.readerJoinsWriter)
+		return at.kind == KindRead && (s.attemptOf(k.holders()[0]).kind == KindRead || s.broken.readerJoinsWriter)
 	case roleSemaphore:
-		return uint64(s.used(k))+uint64(at.permits) <= uint64(k.limit()) || broken.semaphoreOverfill && len(k.holders()) < 2
+		return uint64(s.used(k))+uint64(at.permits) <= uint64(k.limit()) || s.broken.semaphoreOverfill && len(k.holders()) < 2
 	}
 	return uint64(len(k.holders())) < uint64(k.limit())
 }

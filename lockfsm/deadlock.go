@@ -116,6 +116,7 @@ type deadlockPlay struct {
 	work     []*simKey
 	free     []*simSession
 	attempts int // holders and waiters met
+	broken   brokenRules
 }
 
 // deadlock reports why the new attempts of sess, none of them granted,
@@ -123,7 +124,7 @@ type deadlockPlay struct {
 // more), or "" when they could or the check gave up. Nothing in the state
 // changes.
 func (s *State) deadlock(sess *session, reqs []uint64, ats []*attempt) string {
-	p := &deadlockPlay{s: s, sessions: map[uint64]*simSession{}, keys: map[string]*simKey{}}
+	p := &deadlockPlay{s: s, sessions: map[uint64]*simSession{}, keys: map[string]*simKey{}, broken: s.broken}
 	me := p.session(sess)
 	if me == nil {
 		return ""
@@ -230,7 +231,7 @@ func (p *deadlockPlay) closure() bool {
 				sessions = append(sessions, sess)
 			}
 		}
-		if broken.deadlockIgnoresQueue {
+		if p.broken.deadlockIgnoresQueue {
 			k.queue = append(mine, k.queue...)
 		} else {
 			k.queue = append(k.queue, mine...)

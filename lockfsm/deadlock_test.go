@@ -163,9 +163,9 @@ func waitsForever(t *testing.T, s *State, unit []Command) (queued, stuck bool) {
 // every role, and checks each flagged wait's answer against waitsForever:
 // refused with StatusDeadlock exactly when it would wait for ever. It
 // returns the first disagreement, and counts the waits it refused.
-func deadlockRun(t *testing.T, seed uint64, steps int, refused *int) error {
+func deadlockRun(t *testing.T, seed uint64, steps int, refused *int, broken brokenRules) error {
 	r := rand.New(rand.NewPCG(seed, 31))
-	c := newChecker()
+	c := newCheckerWith(broken)
 	const sessions = 4
 	next := map[uint64]uint64{}
 	for i := range uint64(sessions) {
@@ -253,7 +253,7 @@ func deadlockRun(t *testing.T, seed uint64, steps int, refused *int) error {
 func TestDeadlockCheckAgreesWithThePlay(t *testing.T) {
 	refused := 0
 	for seed := uint64(1); seed <= 300; seed++ {
-		if err := deadlockRun(t, seed, 120, &refused); err != nil {
+		if err := deadlockRun(t, seed, 120, &refused, brokenRules{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -267,9 +267,8 @@ func TestDeadlockCheckAgreesWithThePlay(t *testing.T) {
 // A check that lets a new wait jump the queues it joins misses issue 31's
 // first case, and the random workloads catch it.
 func TestDeadlockBrokenVariantIsCaught(t *testing.T) {
-	broken.deadlockIgnoresQueue = true
-	defer func() { broken.deadlockIgnoresQueue = false }()
-	c := newChecker()
+	broken := brokenRules{deadlockIgnoresQueue: true}
+	c := newCheckerWith(broken)
 	for _, sess := range []uint64{A, B} {
 		c.apply(Command{Op: OpOpenSession, Owner: owners[sess], TTLMillis: 5000})
 	}
@@ -280,7 +279,7 @@ func TestDeadlockBrokenVariantIsCaught(t *testing.T) {
 	}
 	refused := 0
 	for seed := uint64(1); seed <= 300; seed++ {
-		if err := deadlockRun(t, seed, 120, &refused); err != nil {
+		if err := deadlockRun(t, seed, 120, &refused, broken); err != nil {
 			t.Logf("caught: %v", err)
 			return
 		}

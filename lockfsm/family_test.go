@@ -346,21 +346,19 @@ func TestFamilyNeedsSnapshotFormat3(t *testing.T) {
 // family logs run (Verify after every entry, twins, a restored snapshot),
 // within the logs TestRandomFamilyLogsDeterministic runs.
 func TestBrokenFamilyRulesAreCaught(t *testing.T) {
-	for name, knob := range map[string]*bool{
-		"reader joins writer": &broken.readerJoinsWriter,
-		"semaphore overfill":  &broken.semaphoreOverfill,
-		"group piecemeal":     &broken.groupPiecemeal,
+	for name, broken := range map[string]brokenRules{
+		"reader joins writer": {readerJoinsWriter: true},
+		"semaphore overfill":  {semaphoreOverfill: true},
+		"group piecemeal":     {groupPiecemeal: true},
 	} {
 		t.Run(name, func(t *testing.T) {
-			*knob = true
-			defer func() { *knob = false }()
 			for seed := uint64(1); seed <= 200; seed++ {
 				r := rand.New(rand.NewPCG(seed, 43))
 				data := make([]byte, 500+r.IntN(3000))
 				for i := range data {
 					data[i] = byte(r.Uint32())
 				}
-				if err := checkLog(t, genFamilyLog(data)); err != nil {
+				if err := checkLogWith(t, genFamilyLog(data), broken); err != nil {
 					t.Logf("caught at seed %d: %v", seed, err)
 					return
 				}

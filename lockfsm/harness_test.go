@@ -17,8 +17,13 @@ type checker struct {
 	lastToken map[string]uint64
 }
 
-func newChecker() *checker {
-	return &checker{s: New(), lastToken: map[string]uint64{}}
+func newChecker() *checker { return newCheckerWith(brokenRules{}) }
+
+// newCheckerWith is newChecker on a State with broken rules.
+func newCheckerWith(broken brokenRules) *checker {
+	s := New()
+	s.broken = broken
+	return &checker{s: s, lastToken: map[string]uint64{}}
 }
 
 func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
@@ -218,7 +223,14 @@ func runLog(t testing.TB, log [][]Command) {
 // checkLog is runLog returning the first violation it finds.
 func checkLog(t testing.TB, log [][]Command) error {
 	t.Helper()
-	a, b := newChecker(), newChecker()
+	return checkLogWith(t, log, brokenRules{})
+}
+
+// checkLogWith is checkLog on States with broken rules, the restored one
+// included.
+func checkLogWith(t testing.TB, log [][]Command, broken brokenRules) error {
+	t.Helper()
+	a, b := newCheckerWith(broken), newCheckerWith(broken)
 	var restored *checker
 	half := len(log) / 2
 	for i, entry := range log {
@@ -241,7 +253,7 @@ func checkLog(t testing.TB, log [][]Command) error {
 		}
 		if i == half {
 			snap := snapshot(t, a.s)
-			restored = newChecker()
+			restored = newCheckerWith(broken)
 			if err := restored.s.Load(bytes.NewReader(snap)); err != nil {
 				return fmt.Errorf("Load of a saved snapshot: %v", err)
 			}

@@ -587,6 +587,8 @@ type State struct {
 	// maxHold is the MaxHoldMillis of the live attempts that have one:
 	// few do, so it is kept beside the attempts rather than in each.
 	maxHold map[ref]uint64
+	// broken is all off outside this package's tests (brokenRules).
+	broken brokenRules
 }
 
 // ref names an attempt: a key's holder or waiter, or the attempt of a
@@ -923,7 +925,7 @@ func (a *applier) handOff(key string, k *lockKey) {
 			w := k.waiters()[0]
 			sess := a.s.sessions[w.session]
 			at := sess.reqs[w.req]
-			if at.size == 0 || broken.groupPiecemeal {
+			if at.size == 0 || a.s.broken.groupPiecemeal {
 				if !a.s.canGrant(k, at) {
 					break
 				}

@@ -230,6 +230,7 @@ func (s *State) Load(r io.Reader) error {
 	if err != nil {
 		return err
 	}
+	ns.broken = s.broken // a test's, kept across a restore
 	*s = *ns
 	return nil
 }

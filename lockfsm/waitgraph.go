@@ -114,15 +114,18 @@ type StuckWait struct {
 // is the Victim, the same whoever computes it from the same graphs: the
 // first wait, in that order, of the cycle's Session with the highest
 // label among those that hold a key. Refusing it breaks the cycle.
-func StuckWaits(shards []ShardWaits) []StuckWait {
-	p := &deadlockPlay{sessions: map[uint64]*simSession{}, keys: map[string]*simKey{}}
+func StuckWaits(shards []ShardWaits) []StuckWait { return stuckWaits(shards, brokenRules{}) }
+
+// stuckWaits is StuckWaits, with broken rules when a test asks.
+func stuckWaits(shards []ShardWaits, broken brokenRules) []StuckWait {
+	p := &deadlockPlay{sessions: map[uint64]*simSession{}, keys: map[string]*simKey{}, broken: broken}
 	var flagged []*simAttempt
 	var shardOf []uint64
 	unlabelled := uint64(0)
 	labels := map[attemptID]uint64{} // shard sessions with no label, by their own id
 	sess := func(shard uint64, h Holder) *simSession {
 		id := h.Label
-		if id == 0 || broken.crossShardBySession {
+		if id == 0 || p.broken.crossShardBySession {
 			k := attemptID{shard: shard, session: h.Session}
 			if labels[k] == 0 {
 				unlabelled++

@@ -140,7 +140,7 @@ func crossOracle(t *testing.T, p *shardPair, labels int) []string {
 // deadlock; on one shard it finds none, since the check refused every
 // cycle there.
 func TestStuckWaitsAgreesWithTheOracle(t *testing.T) {
-	found, err := crossShardRuns(t, 200)
+	found, err := crossShardRuns(t, 200, brokenRules{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,9 +153,7 @@ func TestStuckWaitsAgreesWithTheOracle(t *testing.T) {
 // A play that takes each shard's session for a thread of its own misses
 // every cross-shard cycle, and the oracle catches it.
 func TestStuckWaitsBrokenVariantIsCaught(t *testing.T) {
-	broken.crossShardBySession = true
-	defer func() { broken.crossShardBySession = false }()
-	if _, err := crossShardRuns(t, 200); err == nil {
+	if _, err := crossShardRuns(t, 200, brokenRules{crossShardBySession: true}); err == nil {
 		t.Fatal("200 random two-shard workloads missed the broken cross-shard play")
 	} else {
 		t.Logf("caught: %v", err)
@@ -164,7 +162,7 @@ func TestStuckWaitsBrokenVariantIsCaught(t *testing.T) {
 
 // crossShardRuns plays seeds random two-shard workloads and returns the
 // stuck waits found, or the first disagreement with the oracle.
-func crossShardRuns(t *testing.T, seeds uint64) (found int, err error) {
+func crossShardRuns(t *testing.T, seeds uint64, broken brokenRules) (found int, err error) {
 	const labels = 4
 	for seed := uint64(1); seed <= seeds; seed++ {
 		r := rand.New(rand.NewPCG(seed, 7))
@@ -196,7 +194,7 @@ func crossShardRuns(t *testing.T, seeds uint64) (found int, err error) {
 					p.apply(t, shard, cancel(l, waiting[0]))
 				}
 			}
-			got := StuckWaits(p.waits(t))
+			got := stuckWaits(p.waits(t), broken)
 			var names []string
 			for _, st := range got {
 				names = append(names, fmt.Sprintf("%d/%d/%d", st.Shard, st.Waiter.Label, st.Waiter.Req))
@@ -216,7 +214,7 @@ func crossShardRuns(t *testing.T, seeds uint64) (found int, err error) {
 					}
 				}
 				for round := 0; ; round++ {
-					left := StuckWaits(c.waits(t))
+					left := stuckWaits(c.waits(t), broken)
 					if len(left) == 0 {
 						break
 					}
@@ -235,7 +233,7 @@ func crossShardRuns(t *testing.T, seeds uint64) (found int, err error) {
 			found += len(got)
 			for i, s := range p.s {
 				keys, _ := s.WaitGraph(1 << 20)
-				if one := StuckWaits([]ShardWaits{{Shard: uint64(i + 1), Keys: keys}}); len(one) != 0 {
+				if one := stuckWaits([]ShardWaits{{Shard: uint64(i + 1), Keys: keys}}, broken); len(one) != 0 {
 					return found, fmt.Errorf("seed %d step %d: shard %d alone has stuck waits its check let queue: %+v", seed, step, i+1, one)
 				}
 			}
