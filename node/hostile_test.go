@@ -83,11 +83,20 @@ func (a *attacker) propose(p *testPeer, shard uint64, cmds ...lockfsm.Command) e
 // ExpireSession carrying it is one the state machine would apply.
 func recordedTerm(t testing.TB, p *testPeer, shard uint64) uint64 {
 	t.Helper()
-	a, err := p.node.readLocal(ctxT(t, 5*time.Second), shard, replica.Query{Kind: replica.QuerySessions})
-	if err != nil {
-		t.Fatalf("%s: read shard %d: %v", p.cfg.Name, shard, err)
+	// One try of a read is bounded by the proposal timeout, and a replica
+	// just started may not serve a ReadIndex yet: try again until the
+	// context ends (a try that times out returns at its own bound).
+	ctx := ctxT(t, 20*time.Second)
+	for {
+		a, err := p.node.readLocal(ctx, shard, replica.Query{Kind: replica.QuerySessions})
+		if err == nil {
+			return a.Term
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s: read shard %d: %v", p.cfg.Name, shard, err)
+		}
+		time.Sleep(10 * time.Millisecond) // a refusal (not ready) returns at once
 	}
-	return a.Term
 }
 
 // refused fails the test unless err is an authorization refusal.
