@@ -38,7 +38,7 @@ var (
 	// a lock held when its node closed.
 	ErrClosed = lockerr.Closed
 	// ErrInvalidKey is returned for an empty or oversized key.
-	ErrInvalidKey = errors.New("lockmesh: invalid key")
+	ErrInvalidKey = lockerr.InvalidKey
 	// ErrInvalidConfig is returned by Config.Validate and Start.
 	ErrInvalidConfig = errors.New("lockmesh: invalid config")
 	// ErrInvalidArgument means a call's argument is out of range: a

@@ -1,3 +1,6 @@
+// Node's status page: Handler, and its options (HandlerOption,
+// WithAllowedHosts). The page itself is internal/statuspage.
+
 package node
 
 import "net/http"

@@ -25,6 +25,9 @@ var (
 	AlreadyHeld   = errors.New("lockmesh: key already held by this session")
 	Closed        = errors.New("lockmesh: node closed")
 	Unavailable   = errors.New("lockmesh: shard unavailable")
+	// InvalidKey is a key no lock can have (lockfsm.ValidateKey): empty
+	// or longer than lockfsm.MaxKeyLen.
+	InvalidKey    = errors.New("lockmesh: invalid key")
 	ReplicaHalted = errors.New("lockmesh: replica halted")
 	// NotReady means this peer does not know the cluster's layout yet.
 	NotReady = errors.New("lockmesh: not ready: the cluster layout is not known yet")
