@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // A lock attempt abandoned when its ctx ended must not keep the key when
@@ -15,7 +17,7 @@ import (
 // unlockable. Now the session is lost and closed on the cluster instead.
 func TestAbandonedAttemptWhoseCancelFailsDoesNotKeepTheKey(t *testing.T) {
 	var drop atomic.Bool
-	o := clusterOpts{peers: 3, rf: 3, shards: 2, hook: func(h *testHooks) { h.dropCancels = drop.Load }}
+	o := clusterOpts{peers: 3, rf: 3, shards: 2, hook: func(h *peer.Hooks) { h.DropCancels = drop.Load }}
 	peers := startCluster(t, o)
 	ctx := ctxT(t, 30*time.Second)
 	holder, err := peers[0].node.Lock(ctx, "k")

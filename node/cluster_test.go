@@ -12,22 +12,24 @@ import (
 	"time"
 
 	"github.com/lni/vfs"
+
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // testPeer is one peer of an in-process test cluster. Its file system is
 // in memory and survives restarts of the peer.
 type testPeer struct {
 	cfg   Config
-	hooks testHooks
+	hooks peer.Hooks
 	node  *Node
 }
 
 type clusterOpts struct {
 	peers, expect, shards, rf int
 	ttl                       time.Duration
-	deadAfter                 time.Duration    // 0: the default
-	mutate                    func(*Config)    // changes each peer's config, if set
-	hook                      func(*testHooks) // sets each peer's test hooks, if set
+	deadAfter                 time.Duration     // 0: the default
+	mutate                    func(*Config)     // changes each peer's config, if set
+	hook                      func(*peer.Hooks) // sets each peer's test hooks, if set
 }
 
 var (

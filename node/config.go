@@ -3,16 +3,17 @@ package node
 import (
 	"crypto/tls"
 	"fmt"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 	"time"
 
 	"github.com/lni/vfs"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/clock"
 	"github.com/lockmesh/lockmesh/internal/config"
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // MaxSessionTTL is the longest session TTL a peer accepts: a session
@@ -211,17 +212,6 @@ type RaftTLS struct {
 
 func (r RaftTLS) enabled() bool { return r.CAFile != "" || r.CertFile != "" || r.KeyFile != "" }
 
-// holderClock is the clock the holder's side counts its lease and hold
-// deadlines on: for clock.System, the leader's, clock.Boot, which counts
-// the time the machine spent suspended; a test's clock as it is, read by
-// both sides. Each side errs the safe way for it (docs/SAFETY.md).
-func holderClock(c clock.Clock) clock.Clock {
-	if _, ok := c.(clock.System); ok {
-		return clock.Boot{}
-	}
-	return c
-}
-
 // DefaultConfig returns a Config with the defaults of the tuning fields
 // filled in: Shards, ReplicationFactor, SessionTTL, RTT, DeadAfter and
 // LeaseMargin (max(SessionTTL/10, 2 RTT) of those defaults: 1s), a Logger
@@ -304,5 +294,24 @@ func (c Config) peer(raftInMemory bool) config.Peer {
 		SessionTTL: c.SessionTTL, LeaseMargin: c.LeaseMargin, RTT: c.RTT, DeadAfter: c.DeadAfter,
 		GossipKey: c.GossipKey, Insecure: c.Insecure, TLS: c.TLS,
 		RaftCAFile: c.RaftTLS.CAFile, RaftCertFile: c.RaftTLS.CertFile, RaftKeyFile: c.RaftTLS.KeyFile,
+	}
+}
+
+// peerConfig is c, with its defaults applied, as the running peer takes
+// it.
+func (c Config) peerConfig(raftInMemory bool) peer.Config {
+	skip := make([]peer.LogEntry, len(c.UnsafeSkipEntries))
+	for i, e := range c.UnsafeSkipEntries {
+		skip[i] = peer.LogEntry(e)
+	}
+	return peer.Config{
+		Name: c.Name, DataDir: c.DataDir,
+		GossipAddr: c.GossipAddr, RaftAddr: c.RaftAddr, RPCAddr: c.RPCAddr, Join: c.Join,
+		BootstrapExpect: c.BootstrapExpect, Shards: c.Shards, ReplicationFactor: c.ReplicationFactor,
+		SessionTTL: c.SessionTTL, LeaseMargin: c.LeaseMargin, RTT: c.RTT, DeadAfter: c.DeadAfter,
+		NoReplicas: c.NoReplicas, Insecure: c.Insecure, RaftMetrics: c.RaftMetrics,
+		GossipKey: c.GossipKey, TLS: c.TLS, RaftTLS: peer.RaftTLS(c.RaftTLS), Logger: c.Logger,
+		UnsafeSkipEntries: skip, Clock: c.clock, FS: c.fs,
+		Checked: c.peer(raftInMemory),
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/transport"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
@@ -40,13 +41,13 @@ func TestSecurityConnectionSlots(t *testing.T) {
 		name, addr string
 		connect    func() error
 	}{
-		{"RPC", peers[0].node.rpc.Addr(), func() error {
+		{"RPC", peers[0].node.peer.RPCAddr(), func() error {
 			c, err := transport.NewClient(transport.Config{TLS: member, DialTimeout: 10 * time.Second})
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			_, err = c.Call(ctxT(t, 10*time.Second), peers[0].node.rpc.Addr(), methodStatus, nil)
+			_, err = c.Call(ctxT(t, 10*time.Second), peers[0].node.peer.RPCAddr(), peer.MethodStatus, nil)
 			return err
 		}},
 		{"Raft", peers[0].cfg.RaftAddr, func() error {

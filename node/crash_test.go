@@ -20,7 +20,7 @@ func TestPowerLossKeepsLocksAndTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := fc.peers[1].node().placement.Load()
+	before := fc.peers[1].node().peer.Placement()
 	for _, p := range fc.peers {
 		t.Logf("%s lost %v", p.name, fc.kill(p))
 	}
@@ -31,7 +31,7 @@ func TestPowerLossKeepsLocksAndTokens(t *testing.T) {
 		fc.waitReady(p)
 		p.gate.open()
 	}
-	after := fc.peers[1].node().placement.Load()
+	after := fc.peers[1].node().peer.Placement()
 	if after.ClusterID != before.ClusterID {
 		// The cluster record was lost (its rename not made durable) and
 		// the peers formed a new cluster: held locks forgotten, tokens

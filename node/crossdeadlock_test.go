@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // keysOnTwoShards returns two keys of prefix that live on different shards.
@@ -106,7 +108,7 @@ func TestCrossShardDeadlockRefused(t *testing.T) {
 	}
 	slices.Sort(took)
 	t.Logf("cross-shard deadlock refused after: median %v, worst %v, over %d rounds (probe %v)",
-		took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond), rounds, deadlockProbe)
+		took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond), rounds, peer.DeadlockProbe)
 }
 
 // The default session (Node.Lock) is never checked, and a wait that some
@@ -145,8 +147,8 @@ func TestCrossShardWaitWithoutCycleIsNotRefused(t *testing.T) {
 		return err == nil && len(info.Waiters) == 1
 	})
 	// Several probes go by with a's wait old enough to be checked.
-	probes := a.deadlockChecks.Load()
-	waitFor(t, "three cross-shard checks of a's wait", func() bool { return a.deadlockChecks.Load() >= probes+3 })
+	probes := a.peer.DeadlockChecks()
+	waitFor(t, "three cross-shard checks of a's wait", func() bool { return a.peer.DeadlockChecks() >= probes+3 })
 	select {
 	case err := <-got:
 		t.Fatalf("a's wait ended before b let go: %v", err)

@@ -40,7 +40,7 @@ var (
 	// ErrInvalidKey is returned for an empty or oversized key.
 	ErrInvalidKey = lockerr.InvalidKey
 	// ErrInvalidConfig is returned by Config.Validate and Start.
-	ErrInvalidConfig = errors.New("lockmesh: invalid config")
+	ErrInvalidConfig = lockerr.InvalidConfig
 	// ErrInvalidArgument means a call's argument is out of range: a
 	// semaphore of no permits, an acquire of more permits than it has, a
 	// LockAll of no keys, of a key twice or of more than MaxLockAll. The
@@ -58,7 +58,7 @@ var (
 	// ErrIncompatible means this peer and the cluster (or another peer) have
 	// no protocol version or feature level in common; the message names
 	// both and which one to upgrade.
-	ErrIncompatible = errors.New("lockmesh: incompatible version")
+	ErrIncompatible = lockerr.Incompatible
 	// ErrStaleToken is returned by Fence.Check for a token lower than one
 	// already seen for the same key.
 	ErrStaleToken = errors.New("lockmesh: stale fencing token")

@@ -157,7 +157,7 @@ func deadWaiter(tb testing.TB) (kept, bound time.Duration) {
 	}()
 	waitQueued(tb, peers[0].node, key, 2)
 
-	peers[1].node.kill()
+	peers[1].node.peer.Kill()
 	died := time.Now()
 	if err := held.Unlock(ctx); err != nil {
 		tb.Fatal(err)
@@ -193,5 +193,5 @@ func deadWaiter(tb testing.TB) (kept, bound time.Duration) {
 		tb.Fatalf("token %d not above the dead waiter's %d", g.l.Token(), dead.Token)
 	}
 	n := peers[0].node
-	return g.at.Sub(died), ttl + n.leading.Grace() + 10*n.cfg.RTT
+	return g.at.Sub(died), ttl + n.peer.Leading().Grace() + 10*n.cfg.RTT
 }

@@ -45,11 +45,11 @@ func (fc *faultCluster) leaderAge(shard uint64) (time.Duration, bool) {
 	leader := fc.leaderOf(shard)
 	for _, p := range fc.peers {
 		n := p.node()
-		if p.name != leader || n == nil || n.isClosed() {
+		if p.name != leader || n == nil || n.peer.IsClosed() {
 			continue
 		}
-		if since, ok := n.leading.LeaderSince(shard); ok {
-			return n.now().Sub(since), true
+		if since, ok := n.peer.Leading().LeaderSince(shard); ok {
+			return n.peer.Now().Sub(since), true
 		}
 	}
 	return 0, false
@@ -75,8 +75,8 @@ func (fc *faultCluster) makeLeader(shard uint64, to string) {
 				continue
 			}
 			n := p.node()
-			if id, ok := n.placement.Load().ReplicaID(shard, to); ok {
-				_ = n.nh.RequestLeaderTransfer(shard, id)
+			if id, ok := n.peer.Placement().ReplicaID(shard, to); ok {
+				_ = n.peer.NodeHost().RequestLeaderTransfer(shard, id)
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -91,7 +91,7 @@ func deadHolder(t testing.TB, fc *faultCluster, key string, holderLeads bool, lo
 	t.Helper()
 	ttl := fc.peers[0].cfg.SessionTTL
 	ctx := ctxT(t, 3*ttl+time.Minute)
-	pl := fc.peers[0].node().placement.Load()
+	pl := fc.peers[0].node().peer.Placement()
 	shard := pl.ShardOf(key)
 	leader := fc.waitLeaders()[shard]
 	var holder, waiter *faultPeer
@@ -129,7 +129,7 @@ func deadHolder(t testing.TB, fc *faultCluster, key string, holderLeads bool, lo
 	// leader still counts the holder's session from its election plus the
 	// grace, and the key is kept up to that much longer.
 	n := waiter.node()
-	settle := n.leading.Grace() + n.cfg.SessionTTL/4 + 5*n.cfg.RTT
+	settle := n.peer.Leading().Grace() + n.cfg.SessionTTL/4 + 5*n.cfg.RTT
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if time.Now().After(deadline) {

@@ -116,7 +116,7 @@ func TestLockFamilyThroughTheAPI(t *testing.T) {
 	})
 
 	t.Run("lock all", func(t *testing.T) {
-		p := a.placement.Load()
+		p := a.peer.Placement()
 		k1, k2 := keyOnShard(p, layout.FirstLockShard, "all"), keyOnShard(p, layout.FirstLockShard+1, "all")
 		m, err := sa.LockAll(ctx, "{o}/a", "{o}/b", k1, k2)
 		if err != nil {
@@ -355,7 +355,7 @@ func TestMaxHold(t *testing.T) {
 	if !r.holderDone {
 		t.Fatal("the key passed on while its cut-off holder's Done was open")
 	}
-	shard := holderPeer.node().placement.Load().ShardOf("mh/c")
+	shard := holderPeer.node().peer.Placement().ShardOf("mh/c")
 	ended := false
 	for _, rec := range logs.all() {
 		if rec.Message == "ending a hold at its maximum" && rec.Time.Before(r.at) {

@@ -15,10 +15,10 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/lni/vfs"
 
+	"github.com/lockmesh/lockmesh/internal/clock"
 	"github.com/lockmesh/lockmesh/internal/faultnet"
 	"github.com/lockmesh/lockmesh/internal/layout"
-
-	"github.com/lockmesh/lockmesh/internal/clock"
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // faultClock is an injectable lease clock: the real clock plus an offset
@@ -147,7 +147,7 @@ func (g *gate) wait(ctx context.Context) {
 type faultPeer struct {
 	name  string
 	cfg   Config
-	hooks testHooks
+	hooks peer.Hooks
 	clock *faultClock
 	gate  gate
 	// disk is the peer's strict in-memory file system; its Config.fs is
@@ -194,8 +194,8 @@ type faultCluster struct {
 type faultOpts struct {
 	peers, shards int
 	ttl           time.Duration
-	mutate        func(*Config)    // applied to every peer's config
-	hook          func(*testHooks) // applied to every peer's test hooks
+	mutate        func(*Config)     // applied to every peer's config
+	hook          func(*peer.Hooks) // applied to every peer's test hooks
 }
 
 // faultClusterSeq keeps Raft addresses unique across tests: the channel
@@ -278,9 +278,9 @@ func (fc *faultCluster) newPeer(bootstrapExpect int) *faultPeer {
 	fc.rpcPeer[p.cfg.RPCAddr] = name
 	fc.gossipPeer[p.cfg.GossipAddr] = name
 	fc.addrMu.Unlock()
-	p.hooks.raftTransport = fc.net.RaftTransportFactory(name, func(addr string) string { return fc.peerOf(fc.raftPeer, addr) })
-	p.hooks.rpcDial = fc.net.Dialer(name, func(addr string) string { return fc.peerOf(fc.rpcPeer, addr) })
-	p.hooks.gossipTransport = func(bindAddr string) (memberlist.NodeAwareTransport, error) {
+	p.hooks.RaftTransport = fc.net.RaftTransportFactory(name, func(addr string) string { return fc.peerOf(fc.raftPeer, addr) })
+	p.hooks.RPCDial = fc.net.Dialer(name, func(addr string) string { return fc.peerOf(fc.rpcPeer, addr) })
+	p.hooks.GossipTransport = func(bindAddr string) (memberlist.NodeAwareTransport, error) {
 		inner, err := newGossipTransport(bindAddr)
 		if err != nil {
 			return nil, err
@@ -359,8 +359,8 @@ func (fc *faultCluster) start(p *faultPeer) {
 	defer cancel()
 	p.incarnation++
 	hooks := p.hooks
-	if hooks.onApply == nil {
-		hooks.onApply = fc.applies.hook(p.name, p.incarnation)
+	if hooks.OnApply == nil {
+		hooks.OnApply = fc.applies.hook(p.name, p.incarnation)
 	}
 	n, err := start(ctx, p.cfg, hooks)
 	if err != nil {
@@ -383,7 +383,7 @@ func (fc *faultCluster) waitReady(p *faultPeer) {
 // reports. p's disk must not be stalled.
 func (fc *faultCluster) kill(p *faultPeer) diskLoss {
 	p.gate.close()
-	return crashDisk(p.disk, p.node().kill)
+	return crashDisk(p.disk, p.node().peer.Kill)
 }
 
 // replaceDisk gives p a new, empty disk (its data dir created and synced,
@@ -445,8 +445,8 @@ func (fc *faultCluster) shardLeaders() (map[uint64]string, *layout.Placement) {
 	leaders := map[uint64]string{}
 	var pl *layout.Placement
 	for _, p := range fc.peers {
-		if n := p.node(); n != nil && !n.isClosed() {
-			pl = n.placement.Load()
+		if n := p.node(); n != nil && !n.peer.IsClosed() {
+			pl = n.peer.Placement()
 			break
 		}
 	}
@@ -456,10 +456,10 @@ func (fc *faultCluster) shardLeaders() (map[uint64]string, *layout.Placement) {
 	for _, shard := range pl.ShardIDs() {
 		for _, p := range fc.peers {
 			n := p.node()
-			if n == nil || n.isClosed() {
+			if n == nil || n.peer.IsClosed() {
 				continue
 			}
-			if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok {
+			if id, _, ok, err := n.peer.NodeHost().GetLeaderID(shard); err == nil && ok {
 				if pe, ok := pl.PeerByReplica(id); ok {
 					leaders[shard] = pe.Name
 					break

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
@@ -30,7 +31,7 @@ func hardened(c *Config, ca *transporttest.CA, dir string, key []byte) {
 // adopt nothing.
 func captureAttempt(t *testing.T, a *attacker, p *testPeer, founders ...string) {
 	t.Helper()
-	id := p.node.nh.ID()
+	id := p.node.peer.NodeHost().ID()
 	plan := func(selfID string) []byte {
 		peers := []layout.Peer{{Name: p.cfg.Name, NodeHostID: selfID}}
 		for _, f := range founders {
@@ -42,7 +43,7 @@ func captureAttempt(t *testing.T, a *attacker, p *testPeer, founders ...string) 
 		}
 		return raw
 	}
-	for _, method := range []uint8{methodPrepare, methodCommit} {
+	for _, method := range []uint8{peer.MethodPrepare, peer.MethodCommit} {
 		_, err := a.call(p, method, plan("wrong"))
 		if err == nil {
 			t.Fatalf("%s: method %d of a plan with a wrong NodeHostID accepted by %s", a.name, method, p.cfg.Name)
@@ -52,14 +53,14 @@ func captureAttempt(t *testing.T, a *attacker, p *testPeer, founders ...string) 
 		}
 	}
 	raw := plan(id)
-	_, err := a.call(p, methodPrepare, raw)
+	_, err := a.call(p, peer.MethodPrepare, raw)
 	refused(t, a.name+": prepare of a plan it coordinates, to "+p.cfg.Name, err)
 	if err != nil && strings.Contains(err.Error(), id) {
 		t.Errorf("%s: the refusal reveals %s's NodeHostID: %v", a.name, p.cfg.Name, err)
 	}
-	_, err = a.call(p, methodCommit, raw)
+	_, err = a.call(p, peer.MethodCommit, raw)
 	refused(t, a.name+": commit of that plan to "+p.cfg.Name, err)
-	if q := p.node.placement.Load(); q != nil {
+	if q := p.node.peer.Placement(); q != nil {
 		t.Fatalf("%s adopted %s's cluster %d", p.cfg.Name, a.name, q.ClusterID)
 	}
 }
@@ -98,7 +99,7 @@ func TestHostileBootstrapPrepareFromNonFounder(t *testing.T) {
 	joiner.start(t)
 	t.Cleanup(joiner.stop)
 	pollUntil(t, 20*time.Second, "the joiner alive in the founder's gossip", func() bool {
-		m, ok := founder.node.mesh.Member("a-joiner")
+		m, ok := founder.node.peer.Mesh().Member("a-joiner")
 		return ok && m.State == mesh.StateAlive
 	})
 
@@ -112,7 +113,7 @@ func TestHostileBootstrapPrepareFromNonFounder(t *testing.T) {
 	t.Cleanup(second.stop)
 	founder.waitReady(t)
 	second.waitReady(t)
-	p := founder.node.placement.Load()
+	p := founder.node.peer.Placement()
 	_, withSecond := p.Peer("peer-2")
 	if _, withMallory := p.Peer("mallory"); withMallory || !withSecond {
 		t.Fatalf("the founder's cluster lists %+v, want peer-2 and not mallory", p.Peers)

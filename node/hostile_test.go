@@ -17,6 +17,7 @@ import (
 	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/membership"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -60,22 +61,22 @@ func newAttacker(t testing.TB, name string, cfg *tls.Config) *attacker {
 func (a *attacker) call(p *testPeer, method uint8, body []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return a.c.Call(ctx, p.node.rpc.Addr(), method, body)
+	return a.c.Call(ctx, p.node.peer.RPCAddr(), method, body)
 }
 
 // propose forwards cmds to p as a proposal on shard, the way a peer
 // without a replica does, and returns the transport's answer.
 func (a *attacker) propose(p *testPeer, shard uint64, cmds ...lockfsm.Command) error {
 	a.t.Helper()
-	raw, err := lockfsm.EncodeCommandsFormat(p.node.clusterLevel().CommandFormat(), cmds)
+	raw, err := lockfsm.EncodeCommandsFormat(p.node.peer.ClusterLevel().CommandFormat(), cmds)
 	if err != nil {
 		a.t.Fatal(err)
 	}
-	body, err := encodeBody(router.ProposeRequest{Shard: shard, Cmds: raw, Level: p.node.topLevel()})
+	body, err := peer.EncodeBody(router.ProposeRequest{Shard: shard, Cmds: raw, Level: p.node.peer.TopLevel()})
 	if err != nil {
 		a.t.Fatal(err)
 	}
-	_, err = a.call(p, methodPropose, body)
+	_, err = a.call(p, peer.MethodPropose, body)
 	return err
 }
 
@@ -88,7 +89,7 @@ func recordedTerm(t testing.TB, p *testPeer, shard uint64) uint64 {
 	// context ends (a try that times out returns at its own bound).
 	ctx := ctxT(t, 20*time.Second)
 	for {
-		a, err := p.node.readLocal(ctx, shard, replica.Query{Kind: replica.QuerySessions})
+		a, err := p.node.peer.ReadLocal(ctx, shard, replica.Query{Kind: replica.QuerySessions})
 		if err == nil {
 			return a.Term
 		}
@@ -120,7 +121,7 @@ type victimScene struct {
 
 func newVictimScene(t *testing.T, peers []*testPeer, key string) *victimScene {
 	s := &victimScene{peers: peers, key: key, waiter: make(chan *Lock, 1)}
-	s.shard = peers[0].node.placement.Load().ShardOf(key)
+	s.shard = peers[0].node.peer.Placement().ShardOf(key)
 	var err error
 	if s.lock, err = peers[0].node.Lock(ctxT(t, 10*time.Second), key); err != nil {
 		t.Fatal(err)
@@ -145,7 +146,7 @@ func newVictimScene(t *testing.T, peers []*testPeer, key string) *victimScene {
 func (s *victimScene) hosts() []*testPeer {
 	var out []*testPeer
 	for _, p := range s.peers {
-		if p.node.hostsShard(s.shard) {
+		if p.node.peer.HostsShard(s.shard) {
 			out = append(out, p)
 		}
 	}
@@ -209,15 +210,15 @@ func (s *victimScene) sessionAttacks(a *attacker) map[string]error {
 		out[at("ExpireSession")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: v.Session, Term: recordedTerm(a.t, h, s.shard)})
 		out[at("LeaderTerm 2^62")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 1 << 62})
 		out[at("OpenSession with TTL 2^50 ms")] = a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: a.name, TTLMillis: 1 << 50})
-		body, _ := encodeBody(router.KeepAliveRequest{Shard: s.shard, Sessions: []uint64{v.Session}})
-		_, out[at("forged keepalive")] = a.call(h, methodKeepAlive, body)
+		body, _ := peer.EncodeBody(router.KeepAliveRequest{Shard: s.shard, Sessions: []uint64{v.Session}})
+		_, out[at("forged keepalive")] = a.call(h, peer.MethodKeepAlive, body)
 	}
 	return out
 }
 
 // tlsCluster starts three peers with TLS certificates of ca and a gossip
 // key, which Validate requires with TLS.
-func tlsCluster(t *testing.T, ca *transporttest.CA, hook func(*testHooks)) []*testPeer {
+func tlsCluster(t *testing.T, ca *transporttest.CA, hook func(*peer.Hooks)) []*testPeer {
 	key := randomKey(t, 32)
 	return startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, ttl: 2 * time.Second,
 		mutate: func(c *Config) { c.GossipKey, c.TLS = key, ca.Issue(c.Name) }, hook: hook})
@@ -231,7 +232,7 @@ func TestHostileCertificateHolders(t *testing.T) {
 	ca := transporttest.NewCA(t)
 	peers := tlsCluster(t, ca, nil)
 	s := newVictimScene(t, peers, "hostile/cert")
-	p := peers[0].node.placement.Load()
+	p := peers[0].node.peer.Placement()
 
 	for _, a := range []*attacker{
 		newAttacker(t, "mallory", ca.Issue("mallory")),
@@ -248,47 +249,47 @@ func TestHostileCertificateHolders(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, h := range peers {
-			if !h.node.hostsShard(metaShardID) {
+			if !h.node.peer.HostsShard(layout.MetaShard) {
 				continue
 			}
-			if a.name == "peer-2" && p.Hosts(metaShardID, "peer-2") {
+			if a.name == "peer-2" && p.Hosts(layout.MetaShard, "peer-2") {
 				continue // a meta host may write the layout: the documented limit
 			}
-			_, err := a.call(h, methodSetPlacement, raw)
+			_, err := a.call(h, peer.MethodSetPlacement, raw)
 			refused(t, a.name+": SetPlacement of a one-peer layout via "+h.cfg.Name, err)
-			body, _ := encodeBody(membership.MembershipChange{Shard: s.shard, Add: false, Replica: 1})
-			if !p.Hosts(metaShardID, a.name) {
-				_, err = a.call(h, methodConfigChange, body)
+			body, _ := peer.EncodeBody(membership.MembershipChange{Shard: s.shard, Add: false, Replica: 1})
+			if !p.Hosts(layout.MetaShard, a.name) {
+				_, err = a.call(h, peer.MethodConfigChange, body)
 				refused(t, a.name+": ConfigChange via "+h.cfg.Name, err)
-				body, _ = encodeBody(membership.TransferRequest{Shard: s.shard, Target: 1})
-				_, err = a.call(h, methodTransferLeader, body)
+				body, _ = peer.EncodeBody(membership.TransferRequest{Shard: s.shard, Target: 1})
+				_, err = a.call(h, peer.MethodTransferLeader, body)
 				refused(t, a.name+": TransferLeader via "+h.cfg.Name, err)
 			}
 		}
 	}
 	// A stranger reads nothing either.
 	mallory := newAttacker(t, "mallory", ca.Issue("mallory"))
-	body, _ := encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryKey, Key: s.key}, Level: peers[0].node.topLevel()})
-	_, err := mallory.call(s.hosts()[0], methodRead, body)
+	body, _ := peer.EncodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryKey, Key: s.key}, Level: peers[0].node.peer.TopLevel()})
+	_, err := mallory.call(s.hosts()[0], peer.MethodRead, body)
 	refused(t, "mallory: read of the victim's key", err)
-	body, _ = encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryKey, Key: s.key, Ages: true}, Level: peers[0].node.topLevel()})
-	_, err = mallory.call(s.hosts()[0], methodRead, body)
+	body, _ = peer.EncodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryKey, Key: s.key, Ages: true}, Level: peers[0].node.peer.TopLevel()})
+	_, err = mallory.call(s.hosts()[0], peer.MethodRead, body)
 	refused(t, "mallory: read of the victim's key with ages", err)
-	body, _ = encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryTop, K: replica.MaxTop}, Level: peers[0].node.topLevel()})
-	_, err = mallory.call(s.hosts()[0], methodRead, body)
+	body, _ = peer.EncodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryTop, K: replica.MaxTop}, Level: peers[0].node.peer.TopLevel()})
+	_, err = mallory.call(s.hosts()[0], peer.MethodRead, body)
 	refused(t, "mallory: read of the shard's contention summary", err)
-	body, _ = encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryWaits}, Level: peers[0].node.topLevel()})
-	_, err = mallory.call(s.hosts()[0], methodRead, body)
+	body, _ = peer.EncodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QueryWaits}, Level: peers[0].node.peer.TopLevel()})
+	_, err = mallory.call(s.hosts()[0], peer.MethodRead, body)
 	refused(t, "mallory: read of the shard's wait graph", err)
-	_, err = mallory.call(peers[0], methodStatus, nil)
+	_, err = mallory.call(peers[0], peer.MethodStatus, nil)
 	refused(t, "mallory: read of a peer's status", err)
-	_, err = mallory.call(peers[0], methodGetPlacement, nil)
+	_, err = mallory.call(peers[0], peer.MethodGetPlacement, nil)
 	refused(t, "mallory: read of the layout", err)
 
 	if v := s.violation(t); v != "" {
 		t.Fatal(v)
 	}
-	if q := peers[0].node.placement.Load(); len(q.Peers) != 3 {
+	if q := peers[0].node.peer.Placement(); len(q.Peers) != 3 {
 		t.Fatalf("the layout lists %d peers after the attacks, want 3", len(q.Peers))
 	}
 	s.finish(t)
@@ -305,8 +306,8 @@ func TestHostileLocalProcess(t *testing.T) {
 		refused(t, "LeaderTerm 2^62 via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 1 << 62}))
 		refused(t, "ExpireSession via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: s.holder.Session, Term: recordedTerm(a.t, h, s.shard)}))
 		refused(t, "OpenSession with TTL 2^50 ms via "+h.cfg.Name, a.propose(h, s.shard, lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "local", TTLMillis: 1 << 50}))
-		body, _ := encodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QuerySessions}, Level: h.node.topLevel()})
-		_, err := a.call(h, methodRead, body)
+		body, _ := peer.EncodeBody(router.ReadRequest{Shard: s.shard, Query: replica.Query{Kind: replica.QuerySessions}, Level: h.node.peer.TopLevel()})
+		_, err := a.call(h, peer.MethodRead, body)
 		refused(t, "read of the whole session table via "+h.cfg.Name, err)
 	}
 	if v := s.violation(t); v != "" {
@@ -326,11 +327,11 @@ func TestHostileLocalProcess(t *testing.T) {
 func TestHostileConcurrentSessionFloods(t *testing.T) {
 	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, ttl: 2 * time.Second})
 	const key = "flooded"
-	shard := peers[0].node.placement.Load().ShardOf(key)
+	shard := peers[0].node.peer.Placement().ShardOf(key)
 	lockAndUnlock(t, peers[0].node, key)
 	pollUntil(t, 20*time.Second, "every replica knowing the shard's leader", func() bool {
 		for _, p := range peers {
-			if _, _, ok, err := p.node.nh.GetLeaderID(shard); !ok || err != nil {
+			if _, _, ok, err := p.node.peer.NodeHost().GetLeaderID(shard); !ok || err != nil {
 				return false
 			}
 		}
@@ -343,11 +344,11 @@ func TestHostileConcurrentSessionFloods(t *testing.T) {
 	for i := range flood {
 		flood[i] = lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "flood", TTLMillis: 60_000}
 	}
-	raw, err := lockfsm.EncodeCommandsFormat(peers[0].node.clusterLevel().CommandFormat(), flood)
+	raw, err := lockfsm.EncodeCommandsFormat(peers[0].node.peer.ClusterLevel().CommandFormat(), flood)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, err := encodeBody(router.ProposeRequest{Shard: shard, Cmds: raw, Level: peers[0].node.topLevel()})
+	body, err := peer.EncodeBody(router.ProposeRequest{Shard: shard, Cmds: raw, Level: peers[0].node.peer.TopLevel()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,9 +364,9 @@ func TestHostileConcurrentSessionFloods(t *testing.T) {
 			<-start
 			ans := answer{via: h.cfg.Name}
 			var raw []byte
-			if raw, ans.err = a.call(h, methodPropose, body); ans.err == nil {
+			if raw, ans.err = a.call(h, peer.MethodPropose, body); ans.err == nil {
 				var resp router.ProposeResponse
-				if ans.err = decodeBody(raw, &resp); ans.err == nil {
+				if ans.err = peer.DecodeBody(raw, &resp); ans.err == nil {
 					ans.results, ans.err = lockfsm.DecodeResults(resp.Results)
 				}
 			}
@@ -404,7 +405,7 @@ func TestHostileConcurrentSessionFloods(t *testing.T) {
 	counts := make([]count, len(peers))
 	pollUntil(t, 20*time.Second, "every replica at the same index", func() bool {
 		for i, p := range peers {
-			v, err := p.node.nh.StaleRead(shard, replica.StateReader(func(st *lockfsm.State) any {
+			v, err := p.node.peer.NodeHost().StaleRead(shard, replica.StateReader(func(st *lockfsm.State) any {
 				_, owned := st.SessionCount("flood")
 				return count{st.Index(), uint64(owned)}
 			}))
@@ -427,12 +428,12 @@ func TestHostileConcurrentSessionFloods(t *testing.T) {
 // apply. Below that level nothing is marked, and nothing need be.
 func TestRaftProposalsMustMarkOpenSessions(t *testing.T) {
 	for _, lvl := range []level.Level{level.Family - 1, level.Family} {
-		peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 2, hook: func(h *testHooks) { h.holdLevel = lvl }})
+		peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 2, hook: func(h *peer.Hooks) { h.HoldLevel = lvl }})
 		n := peers[0].node
-		if got := n.clusterLevel(); got != lvl {
+		if got := n.peer.ClusterLevel(); got != lvl {
 			t.Fatalf("the cluster runs at level %d, want %d", got, lvl)
 		}
-		shard, port := n.placement.Load().ShardOf("x"), raftPeers{n}
+		shard, port := n.peer.Placement().ShardOf("x"), n.peer.RaftPort()
 		open := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "local", TTLMillis: 1000}
 		unmarked, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{open})
 		if err != nil {
@@ -468,20 +469,20 @@ func TestHostileBootstrapCommitToJoiner(t *testing.T) {
 	joiner.start(t)
 	t.Cleanup(joiner.stop)
 
-	plan := layout.New(42, 2, 1, layout.KeySchemeHashTag, []layout.Peer{{Name: "joiner", NodeHostID: joiner.node.nh.ID()}})
+	plan := layout.New(42, 2, 1, layout.KeySchemeHashTag, []layout.Peer{{Name: "joiner", NodeHostID: joiner.node.peer.NodeHost().ID()}})
 	raw, err := layout.Encode(plan)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := newAttacker(t, "local", nil)
-	_, err = a.call(joiner, methodCommit, raw)
+	_, err = a.call(joiner, peer.MethodCommit, raw)
 	refused(t, "bootstrap commit to a joiner", err)
-	if p := joiner.node.placement.Load(); p != nil {
+	if p := joiner.node.peer.Placement(); p != nil {
 		t.Fatalf("the joiner adopted cluster %d", p.ClusterID)
 	}
 	var cid [8]byte
 	binary.BigEndian.PutUint64(cid[:], 42)
-	if _, err := a.call(joiner, methodAbort, cid[:]); err != nil {
+	if _, err := a.call(joiner, peer.MethodAbort, cid[:]); err != nil {
 		t.Fatalf("abort of a plan it never promised: %v", err)
 	}
 }
@@ -491,7 +492,7 @@ func TestHostileBootstrapCommitToJoiner(t *testing.T) {
 // victim's Done stays open. The suite sees it, so it can fail.
 func TestHostileBrokenVariantIsCaught(t *testing.T) {
 	ca := transporttest.NewCA(t)
-	peers := tlsCluster(t, ca, func(h *testHooks) { h.unsafeNoAuthz = true })
+	peers := tlsCluster(t, ca, func(h *peer.Hooks) { h.UnsafeNoAuthz = true })
 	s := newVictimScene(t, peers, "hostile/broken")
 	a := newAttacker(t, "mallory", ca.Issue("mallory"))
 	if err := a.propose(s.hosts()[0], s.shard, lockfsm.Command{Op: lockfsm.OpRelease, Session: s.holder.Session, Target: s.holder.Req}); err != nil {
@@ -545,7 +546,7 @@ func TestHostileForeignCertificateNotAdmitted(t *testing.T) {
 	impostor.start(t)
 	t.Cleanup(impostor.stop)
 	pollUntil(t, 20*time.Second, "the impostor seen in gossip", func() bool {
-		m, ok := peers[0].node.mesh.Member("impostor")
+		m, ok := peers[0].node.peer.Mesh().Member("impostor")
 		return ok && m.State == mesh.StateAlive
 	})
 	pollUntil(t, 20*time.Second, "the controller refusing the impostor", func() bool {
@@ -554,7 +555,7 @@ func TestHostileForeignCertificateNotAdmitted(t *testing.T) {
 		})
 	})
 	for _, p := range peers {
-		if _, ok := p.node.placement.Load().Peer("impostor"); ok {
+		if _, ok := p.node.peer.Placement().Peer("impostor"); ok {
 			t.Fatalf("%s's layout lists the impostor", p.cfg.Name)
 		}
 	}
@@ -565,7 +566,7 @@ func TestHostileForeignCertificateNotAdmitted(t *testing.T) {
 	joiner.start(t)
 	t.Cleanup(joiner.stop)
 	pollUntil(t, 20*time.Second, "the joiner admitted", func() bool {
-		_, ok := peers[0].node.placement.Load().Peer("joiner")
+		_, ok := peers[0].node.peer.Placement().Peer("joiner")
 		return ok
 	})
 }
@@ -576,7 +577,7 @@ func TestHostileForeignCertificateNotAdmitted(t *testing.T) {
 // layout or every shard may take a whole frame.
 func TestAnswerBound(t *testing.T) {
 	enc := func(v any) []byte {
-		b, err := encodeBody(v)
+		b, err := peer.EncodeBody(v)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -588,18 +589,18 @@ func TestAnswerBound(t *testing.T) {
 		body   []byte
 		want   int
 	}{
-		{"request state", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryRequest, Session: 1, Req: 1}}), smallAnswer},
-		{"a key's holders", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryKey, Key: "k"}}), maxBodySize},
-		{"a contention summary", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryTop, K: replica.MaxTop}}), maxBodySize},
-		{"a wait graph", methodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryWaits}}), maxBodySize},
-		{"undecodable read", methodRead, []byte{0xc1}, maxBodySize},
-		{"layout", methodGetPlacement, nil, maxBodySize},
-		{"status", methodStatus, nil, maxBodySize},
-		{"membership", methodMembership, enc(membership.ShardRequest{Shard: 2}), largeAnswer},
-		{"proposal of 1000 bytes", methodPropose, make([]byte, 1000), 8*1000 + smallAnswer},
-		{"notify", methodNotify, make([]byte, 1000), smallAnswer},
+		{"request state", peer.MethodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryRequest, Session: 1, Req: 1}}), peer.SmallAnswer},
+		{"a key's holders", peer.MethodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryKey, Key: "k"}}), peer.MaxBodySize},
+		{"a contention summary", peer.MethodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryTop, K: replica.MaxTop}}), peer.MaxBodySize},
+		{"a wait graph", peer.MethodRead, enc(router.ReadRequest{Shard: 2, Query: replica.Query{Kind: replica.QueryWaits}}), peer.MaxBodySize},
+		{"undecodable read", peer.MethodRead, []byte{0xc1}, peer.MaxBodySize},
+		{"layout", peer.MethodGetPlacement, nil, peer.MaxBodySize},
+		{"status", peer.MethodStatus, nil, peer.MaxBodySize},
+		{"membership", peer.MethodMembership, enc(membership.ShardRequest{Shard: 2}), peer.LargeAnswer},
+		{"proposal of 1000 bytes", peer.MethodPropose, make([]byte, 1000), 8*1000 + peer.SmallAnswer},
+		{"notify", peer.MethodNotify, make([]byte, 1000), peer.SmallAnswer},
 	} {
-		if got := answerBound(tc.method, tc.body); got != tc.want {
+		if got := peer.AnswerBound(tc.method, tc.body); got != tc.want {
 			t.Errorf("%s: bound %d, want %d", tc.name, got, tc.want)
 		}
 	}

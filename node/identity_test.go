@@ -12,7 +12,6 @@ import (
 	"github.com/lni/vfs"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
-	"github.com/lockmesh/lockmesh/mesh"
 )
 
 func TestCheckIdentity(t *testing.T) {
@@ -32,10 +31,6 @@ func TestCheckIdentity(t *testing.T) {
 		ie := p.CheckIdentity(tc.name, tc.hostID)
 		if (ie != nil) != tc.refused {
 			t.Errorf("CheckIdentity(%q, %q) = %v, want refused %v", tc.name, tc.hostID, ie, tc.refused)
-		}
-		m := mesh.Member{Name: tc.name, Meta: mesh.Meta{NodeHostID: tc.hostID}}
-		if got := sameIdentity(p, m); got == tc.refused {
-			t.Errorf("sameIdentity(%q, %q) = %v, want %v", tc.name, tc.hostID, got, !tc.refused)
 		}
 		if ie == nil {
 			continue
@@ -57,7 +52,7 @@ func TestCheckIdentity(t *testing.T) {
 }
 
 // runningIDs copies the replica ids n runs, by shard.
-func runningIDs(n *Node) map[uint64]uint64 { return n.replicas.Running() }
+func runningIDs(n *Node) map[uint64]uint64 { return n.peer.Replicas().Running() }
 
 // oldReplicaRuns names a replica id from old that n runs, if any.
 func oldReplicaRuns(n *Node, old map[uint64]bool) string {
@@ -162,12 +157,12 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 	for _, id := range runningIDs(c.node) {
 		old[id] = true
 	}
-	oldHostID, firstNewID := c.node.nh.ID(), pl.NextReplicaID
+	oldHostID, firstNewID := c.node.peer.NodeHost().ID(), pl.NextReplicaID
 	t.Logf("%s holds %s with token %d; %s runs replicas %v as NodeHostID %s", d.cfg.Name, key, held.Token(), c.cfg.Name, runningIDs(c.node), oldHostID)
 
 	// C is wiped and A crashes; B comes back.
-	c.node.kill()
-	a.node.kill()
+	c.node.peer.Kill()
+	a.node.peer.Kill()
 	for _, p := range []*testPeer{a, b, c} {
 		p.cfg.DeadAfter = 2 * time.Second
 	}
@@ -176,7 +171,7 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 	c.cfg.Logger = slog.New(logs)
 	b.start(t)
 	c.start(t)
-	if c.node.nh.ID() == oldHostID {
+	if c.node.peer.NodeHost().ID() == oldHostID {
 		t.Fatalf("the wiped peer kept NodeHostID %s", oldHostID)
 	}
 	checkOld := func(when string) {
@@ -238,8 +233,8 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 		cancel()
 		newIDs = runningIDs(c.node)
 		if err == nil && len(newIDs) > 0 && hostsAny(p, c.cfg.Name) {
-			if pe, _ := p.Peer(c.cfg.Name); pe.NodeHostID != c.node.nh.ID() {
-				t.Fatalf("the layout lists %s with NodeHostID %s; it runs as %s", c.cfg.Name, pe.NodeHostID, c.node.nh.ID())
+			if pe, _ := p.Peer(c.cfg.Name); pe.NodeHostID != c.node.peer.NodeHost().ID() {
+				t.Fatalf("the layout lists %s with NodeHostID %s; it runs as %s", c.cfg.Name, pe.NodeHostID, c.node.peer.NodeHost().ID())
 			}
 			break
 		}
@@ -255,7 +250,7 @@ func TestWipedPeerRejoinsAsNewPeer(t *testing.T) {
 	}
 	for id := range old {
 		for _, shard := range pl.ShardIDs() {
-			if c.node.nh.HasNodeInfo(shard, id) {
+			if c.node.peer.NodeHost().HasNodeInfo(shard, id) {
 				t.Fatalf("the wiped peer has Raft data for replica %d of shard %d of its old identity", id, shard)
 			}
 		}

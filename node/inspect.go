@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -51,17 +52,17 @@ func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
 	if err := lockfsm.ValidateKey(key); err != nil {
 		return KeyInfo{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
-	if n.isClosed() {
+	if n.peer.IsClosed() {
 		return KeyInfo{}, ErrClosed
 	}
-	p, err := n.waitReady(ctx)
+	p, err := n.peer.WaitReady(ctx)
 	if err != nil {
 		return KeyInfo{}, err
 	}
 	shard := p.ShardOf(key)
 	info := KeyInfo{Key: key, Shard: shard}
-	q := replica.Query{Kind: replica.QueryKey, Key: key, Ages: n.clusterLevel().CarriesTraces()}
-	a, err := n.router.ReadRetrying(ctx, shard, q)
+	q := replica.Query{Kind: replica.QueryKey, Key: key, Ages: n.peer.ClusterLevel().CarriesTraces()}
+	a, err := n.peer.ReadRetrying(ctx, shard, q)
 	if err != nil {
 		return info, fmt.Errorf("inspect %q: %w", key, err)
 	}
@@ -123,18 +124,18 @@ type Member struct {
 // still waits to replace its old replicas (see Config.DataDir). Members
 // returns nil after Close.
 func (n *Node) Members() []Member {
-	if n.isClosed() {
+	if n.peer.IsClosed() {
 		return nil
 	}
 	var layout []string
 	var cluster uint64
-	if p := n.placement.Load(); p != nil {
+	if p := n.peer.Placement(); p != nil {
 		cluster = p.ClusterID
 		for _, pe := range p.Peers {
 			layout = append(layout, pe.Name)
 		}
 	}
-	return listMembers(n.mesh.Members(), layout, cluster)
+	return listMembers(n.peer.Members(), layout, cluster)
 }
 
 // listMembers merges the members gossip lists (today only live ones; see
@@ -189,10 +190,10 @@ func (n *Node) ShardOf(ctx context.Context, key string) (uint64, error) {
 	if err := lockfsm.ValidateKey(key); err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
-	if n.isClosed() {
+	if n.peer.IsClosed() {
 		return 0, ErrClosed
 	}
-	p, err := n.waitReady(ctx)
+	p, err := n.peer.WaitReady(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -203,23 +204,23 @@ func (n *Node) ShardOf(ctx context.Context, key string) (uint64, error) {
 // host it and its leader as far as this peer knows. It waits (bounded by
 // ctx) until the cluster is formed.
 func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
-	if n.isClosed() {
+	if n.peer.IsClosed() {
 		return nil, ErrClosed
 	}
-	p, err := n.waitReady(ctx)
+	p, err := n.peer.WaitReady(ctx)
 	if err != nil {
 		return nil, err
 	}
-	asked := n.membership.AskLeaders(ctx, p)
+	asked := n.peer.AskLeaders(ctx, p)
 	var out []ShardInfo
 	for _, shard := range p.ShardIDs() {
 		leader, ok := asked[shard]
 		if !ok {
-			leader = n.leaderGuess(shard)
+			leader = n.peer.LeaderGuess(shard)
 		}
 		out = append(out, ShardInfo{
-			Shard: shard, Meta: shard == metaShardID, Replicas: p.HostNames(shard), Leader: leader,
-			ReplicationFactor: p.RF, Halted: n.haltedShard(shard),
+			Shard: shard, Meta: shard == layout.MetaShard, Replicas: p.HostNames(shard), Leader: leader,
+			ReplicationFactor: p.RF, Halted: n.peer.HaltedShard(shard),
 		})
 	}
 	return out, nil

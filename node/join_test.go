@@ -77,7 +77,7 @@ func TestRestartRejoinsThroughKnownPeers(t *testing.T) {
 	// Wait until peer-4 has recorded the other peers, then take its only
 	// seed away for good.
 	for {
-		known := p4.node.dir.LoadKnownPeers()
+		known := p4.node.peer.DataDir().LoadKnownPeers()
 		if len(known) >= 3 {
 			break
 		}
@@ -89,7 +89,7 @@ func TestRestartRejoinsThroughKnownPeers(t *testing.T) {
 	if err := peers[0].node.Leave(ctx); err != nil {
 		t.Fatalf("peer-1 leave: %v", err)
 	}
-	p4.node.kill()
+	p4.node.peer.Kill()
 	p4.start(t)
 	p4.waitReady(t)
 	for _, key := range []string{"a", "b", "c", "d"} {
@@ -142,7 +142,7 @@ func TestWaitServingAfterWholeClusterRestart(t *testing.T) {
 	o := clusterOpts{peers: 3, rf: 3, shards: 4, mutate: func(c *Config) { c.GossipAddr = freeAddr(t) }}
 	peers := startCluster(t, o)
 	for _, p := range peers {
-		p.node.kill()
+		p.node.peer.Kill()
 	}
 	for _, p := range peers {
 		p.start(t)
@@ -152,8 +152,8 @@ func TestWaitServingAfterWholeClusterRestart(t *testing.T) {
 	if err := n.WaitServing(ctx); err != nil {
 		t.Fatalf("WaitServing after a whole-cluster restart: %v", err)
 	}
-	for _, shard := range n.placement.Load().ShardIDs()[1:] {
-		if _, _, ok, err := n.nh.GetLeaderID(shard); err != nil || !ok {
+	for _, shard := range n.peer.Placement().ShardIDs()[1:] {
+		if _, _, ok, err := n.peer.NodeHost().GetLeaderID(shard); err != nil || !ok {
 			t.Errorf("WaitServing returned but shard %d has no leader known here (%v)", shard, err)
 		}
 	}
@@ -165,9 +165,9 @@ func TestWaitServingAfterWholeClusterRestart(t *testing.T) {
 
 	// A peer alone (the others down) is Ready but never serving.
 	for _, p := range peers[1:] {
-		p.node.kill()
+		p.node.peer.Kill()
 	}
-	n.kill()
+	n.peer.Kill()
 	peers[0].start(t)
 	peers[0].waitReady(t)
 	sctx, cancel := context.WithTimeout(ctx, time.Second)

@@ -161,59 +161,51 @@ func (n *Node) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lo
 	return n.acquire(ctx, key, false, opts)
 }
 
-func (n *Node) acquire(ctx context.Context, key string, wait bool, opts []LockOption) (*Lock, error) {
-	return n.observeAcquire(ctx, primitiveMutex, wait, key, func(ctx context.Context) (*Lock, error) {
-		return n.acquireDefault(ctx, key, wait, opts)
-	})
-}
-
-// acquireDefault takes key in the node's default session of its shard.
-func (n *Node) acquireDefault(ctx context.Context, key string, wait bool, opts []LockOption) (*Lock, error) {
+// acquire takes key in the node's default session of its shard.
+func (n *Node) acquire(ctx context.Context, key string, wait bool, opts []LockOption) (l *Lock, err error) {
+	ctx, call := n.obs.startAcquire(ctx, primitiveMutex, wait, key)
+	defer func() { call.endLock(ctx, l, err) }()
 	spec, err := n.spec(client.Spec{}, opts)
 	if err != nil {
 		return nil, err
 	}
-	if n.clusterLevel().HasLockFamily() {
+	if n.peer.ClusterLevel().HasLockFamily() {
 		// No deadlock check: the default session is shared by every
 		// goroutine of the node, so its waits are not one thread's.
 		spec.Flags = lockfsm.FlagDetail
 	}
+	shard, err := n.shardFor(ctx, key)
+	if err != nil {
+		return nil, err
+	}
 	for {
-		l, retry, err := n.acquireIn(ctx, key, wait, spec, func(shard uint64) *client.Session {
-			o, err := n.defaultSession(shard)
-			if err != nil {
-				return nil
-			}
-			return o
-		})
-		if !retry {
-			return l, err
+		cs, err := n.client.Default(shard)
+		if err != nil {
+			return nil, ErrClosed
 		}
-		// The default session was lost on the way: start over in a new one.
+		h, retry, err := cs.Acquire(ctx, shard, key, wait, spec)
+		if retry {
+			continue // the default session was lost on the way: start over in a new one
+		}
+		if h == nil {
+			return nil, publicErr(err)
+		}
+		return &Lock{h: h, obs: n.obs}, nil
 	}
 }
 
-// acquireIn takes key in the client Session sessionFor gives for the key's shard (nil
-// when the node closed). retry is true when that Session was lost on the way.
-func (n *Node) acquireIn(ctx context.Context, key string, wait bool, spec client.Spec, sessionFor func(shard uint64) *client.Session) (l *Lock, retry bool, err error) {
+// shardFor checks key and returns its shard once the cluster layout is
+// known.
+func (n *Node) shardFor(ctx context.Context, key string) (uint64, error) {
 	if err := lockfsm.ValidateKey(key); err != nil {
-		return nil, false, fmt.Errorf("%w: %v", ErrInvalidKey, err)
+		return 0, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
-	if n.isClosed() {
-		return nil, false, ErrClosed
+	if n.peer.IsClosed() {
+		return 0, ErrClosed
 	}
-	p, err := n.waitReady(ctx)
+	p, err := n.peer.WaitReady(ctx)
 	if err != nil {
-		return nil, false, err
+		return 0, err
 	}
-	shard := p.ShardOf(key)
-	cs := sessionFor(shard)
-	if cs == nil {
-		return nil, false, ErrClosed
-	}
-	h, retry, err := cs.Acquire(ctx, shard, key, wait, spec)
-	if h == nil {
-		return nil, retry, publicErr(err)
-	}
-	return &Lock{h: h, obs: n.obs}, false, nil
+	return p.ShardOf(key), nil
 }

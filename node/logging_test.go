@@ -87,7 +87,7 @@ func TestHealthyClusterLogsNoWarnings(t *testing.T) {
 	// Hand the key's shard to peer-3, then restart peer-3: a leader
 	// transfer, then an election.
 	n, last := peers[0].node, peers[2]
-	pl := n.placement.Load()
+	pl := n.peer.Placement()
 	shard := pl.ShardOf(key)
 	target, ok := pl.ReplicaID(shard, last.cfg.Name)
 	if !ok {
@@ -95,13 +95,13 @@ func TestHealthyClusterLogsNoWarnings(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if id, _, ok, err := n.nh.GetLeaderID(shard); err == nil && ok && id == target {
+		if id, _, ok, err := n.peer.NodeHost().GetLeaderID(shard); err == nil && ok && id == target {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("shard %d not led by %s 10s after the transfer", shard, last.cfg.Name)
 		}
-		_ = n.nh.RequestLeaderTransfer(shard, target)
+		_ = n.peer.NodeHost().RequestLeaderTransfer(shard, target)
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("shard %d transferred to %s", shard, last.cfg.Name)

@@ -57,7 +57,7 @@ func TestListMembers(t *testing.T) {
 func TestMembersListsCrashedPeerNotAlive(t *testing.T) {
 	fc := startFaultCluster(t, faultOpts{peers: 3, shards: 2})
 	victim, survivor := fc.peers[2], fc.peers[0]
-	cluster := survivor.node().placement.Load().ClusterID
+	cluster := survivor.node().peer.Placement().ClusterID
 	fc.kill(victim)
 
 	var got []Member

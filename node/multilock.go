@@ -113,21 +113,15 @@ func (s *Session) TryLockAll(ctx context.Context, keys ...string) (*MultiLock, e
 	return s.lockAll(ctx, keys, false)
 }
 
-func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (*MultiLock, error) {
-	if !s.n.obs.enabled() {
-		return s.lockAllObserved(ctx, keys, wait)
-	}
+func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (m *MultiLock, err error) {
 	ctx, call := s.n.obs.startAcquire(ctx, primitiveMulti, wait, keys...)
-	m, err := s.lockAllObserved(ctx, keys, wait)
-	var locks []*Lock
-	if m != nil {
-		locks = m.locks
-	}
-	call.end(ctx, locks, err)
-	return m, err
-}
-
-func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool) (*MultiLock, error) {
+	defer func() {
+		var locks []*Lock
+		if m != nil {
+			locks = m.locks
+		}
+		call.end(ctx, locks, err)
+	}()
 	n := s.n
 	switch {
 	case len(keys) == 0:
@@ -145,10 +139,10 @@ func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool)
 		}
 		seen[key] = true
 	}
-	if n.isClosed() {
+	if n.peer.IsClosed() {
 		return nil, ErrClosed
 	}
-	p, err := n.waitReady(ctx)
+	p, err := n.peer.WaitReady(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +165,7 @@ func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool)
 	shards := slices.Sorted(maps.Keys(byShard))
 	held := map[string]*Lock{}
 	giveBack := func() {
-		if n.hooks.unsafeKeepPartialLockAll {
+		if n.peer.Hooks().UnsafeKeepPartialLockAll {
 			return
 		}
 		for _, l := range held {
@@ -200,7 +194,7 @@ func (s *Session) lockAllObserved(ctx context.Context, keys []string, wait bool)
 			held[h.Key()] = &Lock{h: h, obs: n.obs}
 		}
 	}
-	m := &MultiLock{locks: make([]*Lock, len(keys))}
+	m = &MultiLock{locks: make([]*Lock, len(keys))}
 	for i, key := range keys {
 		m.locks[i] = held[key]
 	}

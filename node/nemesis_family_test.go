@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // The lock family under the nemesis suite: the load of nemesis_test.go,
@@ -425,7 +427,7 @@ func nemesisNamed(t *testing.T, name string) nemesis {
 // shard, the plain ones each on a shard of its own.
 func checkMultiKeys(t testing.TB, fc *faultCluster) {
 	t.Helper()
-	pl := fc.peers[0].node().placement.Load()
+	pl := fc.peers[0].node().peer.Placement()
 	shards := map[uint64]bool{}
 	for _, k := range multiTagged {
 		shards[pl.ShardOf(k)] = true
@@ -477,12 +479,12 @@ func runFamilyNemesis(t *testing.T, m *familyModel, nm nemesis, soak time.Durati
 }
 
 // Each model's checkers must catch its broken variant. With
-// testHooks.unsafeGrantQueued a peer takes a Queued answer to an acquire
+// peer.Hooks.UnsafeGrantQueued a peer takes a Queued answer to an acquire
 // as a grant (token 0): a lock handed out that the cluster never granted,
 // so real holders overlap. The rw checkers must then report a writer
 // inside with readers, the sem checkers more permits held than the
 // semaphore has, the multi checkers two holders of a key of a LockAll.
-// With testHooks.unsafeKeepPartialLockAll a LockAll that fails keeps
+// With peer.Hooks.UnsafeKeepPartialLockAll a LockAll that fails keeps
 // what it took on the shards before the one that refused: the multi
 // checker must report the partial hold. No fault is injected: every
 // worker holds its lock for up to 10 ms or (one in two) 0.25-2 TTL, so
@@ -495,7 +497,7 @@ func TestFamilyBrokenVariantsAreCaught(t *testing.T) {
 	if testing.Short() {
 		t.Skip("nemesis suite skipped in -short mode")
 	}
-	grantQueued := func(h *testHooks) { h.unsafeGrantQueued = true }
+	grantQueued := func(h *peer.Hooks) { h.UnsafeGrantQueued = true }
 	has := func(words ...string) func(string) bool {
 		return func(v string) bool {
 			for _, w := range words {
@@ -509,7 +511,7 @@ func TestFamilyBrokenVariantsAreCaught(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		model     func() *familyModel
-		hook      func(*testHooks)
+		hook      func(*peer.Hooks)
 		broken    string
 		caught    func(v string) bool
 		what      string
@@ -518,7 +520,7 @@ func TestFamilyBrokenVariantsAreCaught(t *testing.T) {
 		{"rw", rwModel, grantQueued, "unsafeGrantQueued", has("inside at once", "(write, ", "(read, "), "a writer inside with readers", 10},
 		{"sem", semModel, grantQueued, "unsafeGrantQueued", has("over the limit"), "more permits held than the semaphore has", 10},
 		{"multi", multiModel, grantQueued, "unsafeGrantQueued", has("inside at once"), "two holders of a key of a LockAll inside at once", 10},
-		{"multi-partial", multiModel, func(h *testHooks) { h.unsafeKeepPartialLockAll = true }, "unsafeKeepPartialLockAll", has("partial hold"),
+		{"multi-partial", multiModel, func(h *peer.Hooks) { h.UnsafeKeepPartialLockAll = true }, "unsafeKeepPartialLockAll", has("partial hold"),
 			"a failed LockAll's session still holding a key", 50},
 	} {
 		t.Run(c.name, func(t *testing.T) {

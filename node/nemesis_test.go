@@ -16,6 +16,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -698,7 +699,7 @@ var nemeses = []nemesis{
 		// up to three times that.
 		end, hardEnd := time.Now().Add(gossipFaultFor), time.Now().Add(3*gossipFaultFor)
 		for (time.Now().Before(end) || (!declaredDead && time.Now().Before(hardEnd))) && ctx.Err() == nil {
-			if _, ok := observer.node().mesh.Member(victim.name); !ok && !declaredDead {
+			if _, ok := observer.node().peer.Mesh().Member(victim.name); !ok && !declaredDead {
 				declaredDead = true
 				fc.t.Logf("gossip-partition: %s dropped %s from its gossip view %.1fs into the cut",
 					observer.name, victim.name, (gossipFaultFor - time.Until(end)).Seconds())
@@ -712,9 +713,9 @@ var nemeses = []nemesis{
 		// Every peer must see every other alive again.
 		deadline := time.Now().Add(livenessBound(fc.opts.ttl))
 		for _, p := range fc.peers {
-			for len(p.node().mesh.Members()) < len(fc.peers) {
+			for len(p.node().peer.Mesh().Members()) < len(fc.peers) {
 				if time.Now().After(deadline) || ctx.Err() != nil {
-					lr.violate("gossip-partition: %s sees %d of %d members %v after healing", p.name, len(p.node().mesh.Members()), len(fc.peers), livenessBound(fc.opts.ttl))
+					lr.violate("gossip-partition: %s sees %d of %d members %v after healing", p.name, len(p.node().peer.Mesh().Members()), len(fc.peers), livenessBound(fc.opts.ttl))
 					break
 				}
 				time.Sleep(20 * time.Millisecond)
@@ -823,9 +824,9 @@ var nemeses = []nemesis{
 				continue
 			}
 			n := p.node()
-			for _, shard := range n.placement.Load().ShardIDs() {
+			for _, shard := range n.peer.Placement().ShardIDs() {
 				sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				_, err := n.nh.SyncRequestSnapshot(sctx, shard, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
+				_, err := n.peer.NodeHost().SyncRequestSnapshot(sctx, shard, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
 				cancel()
 				if err != nil && !errors.Is(err, dragonboat.ErrRejected) {
 					fc.t.Logf("snapshot of shard %d on %s: %v", shard, p.name, err)
@@ -838,14 +839,14 @@ var nemeses = []nemesis{
 		// shards needs it applied up to the leader's commit index.
 		deadline := time.Now().Add(livenessBound(fc.opts.ttl))
 		n := victim.node()
-		for _, shard := range n.placement.Load().ShardIDs() {
+		for _, shard := range n.peer.Placement().ShardIDs() {
 			var q any = replica.Query{Kind: replica.QuerySessions}
-			if shard == metaShardID {
+			if shard == layout.MetaShard {
 				q = nil
 			}
 			for {
 				rctx, cancel := context.WithTimeout(ctx, time.Second)
-				_, err := n.nh.SyncRead(rctx, shard, q)
+				_, err := n.peer.NodeHost().SyncRead(rctx, shard, q)
 				cancel()
 				if err == nil {
 					break
@@ -975,10 +976,10 @@ func waitLayout(ctx context.Context, observer *faultPeer, deadline time.Time, ok
 func describeOwnView(p *faultPeer) string {
 	n := p.node()
 	epoch := uint64(0)
-	if pl := n.placement.Load(); pl != nil {
+	if pl := n.peer.Placement(); pl != nil {
 		epoch = pl.Epoch
 	}
-	running := n.replicas.Running()
+	running := n.peer.Replicas().Running()
 	return fmt.Sprintf("%s's own view: layout epoch %d, runs replicas (shard:replica) %v", p.name, epoch, running)
 }
 
@@ -1303,7 +1304,7 @@ func TestBrokenVariantIsCaught(t *testing.T) {
 	if testing.Short() {
 		t.Skip("nemesis suite skipped in -short mode")
 	}
-	o := faultOpts{hook: func(h *testHooks) { h.unsafeExpireAfter = nemesisTTL / 4 }}
+	o := faultOpts{hook: func(h *peer.Hooks) { h.UnsafeExpireAfter = nemesisTTL / 4 }}
 	fc := startFaultCluster(t, o)
 	lr := newLoadRun(fc)
 	lr.hold = func() time.Duration { return nemesisTTL/2 + time.Duration(rand.IntN(50))*time.Millisecond }
@@ -1413,13 +1414,13 @@ func TestStalledLeaderExpiryIsCaught(t *testing.T) {
 	if testing.Short() {
 		t.Skip("nemesis suite skipped in -short mode")
 	}
-	fc := startFaultCluster(t, faultOpts{hook: func(h *testHooks) {
-		h.unsafeSkipExpiryTerm = true
+	fc := startFaultCluster(t, faultOpts{hook: func(h *peer.Hooks) {
+		h.UnsafeSkipExpiryTerm = true
 		// The deposed leader's ExpireSession reaches its successor as a
 		// Propose its replica forwards over Raft, which the Raft port's
 		// filter drops (a leader-only command from the network): it is a
 		// second fence, off here so that the first one's absence shows.
-		h.unsafeNoRaftFilter = true
+		h.UnsafeNoRaftFilter = true
 	}})
 	longFor := func() time.Duration { return 2*nemesisTTL + rand.N(nemesisTTL) }
 	v, kinds, _ := runUntilOverlap(t, fc, "stalled-leader-expiry (unsafeSkipExpiryTerm)", longFor, 8, func(ctx context.Context, lr *loadRun) {

@@ -2,93 +2,25 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
-	"sync"
-	"sync/atomic"
-	"time"
-
-	"github.com/lni/dragonboat/v4"
-	"github.com/lni/dragonboat/v4/raftio"
-	pb "github.com/lni/dragonboat/v4/raftpb"
-	sm "github.com/lni/dragonboat/v4/statemachine"
 
 	"github.com/lockmesh/lockmesh/internal/client"
-	"github.com/lockmesh/lockmesh/internal/config"
-	"github.com/lockmesh/lockmesh/internal/controller"
-	"github.com/lockmesh/lockmesh/internal/datadir"
-	"github.com/lockmesh/lockmesh/internal/dblog"
-	"github.com/lockmesh/lockmesh/internal/layout"
-	"github.com/lockmesh/lockmesh/internal/leader"
-	"github.com/lockmesh/lockmesh/internal/membership"
-	"github.com/lockmesh/lockmesh/internal/replica"
-	"github.com/lockmesh/lockmesh/internal/replicas"
-	"github.com/lockmesh/lockmesh/internal/router"
-	"github.com/lockmesh/lockmesh/mesh"
-	"github.com/lockmesh/lockmesh/transport"
+	"github.com/lockmesh/lockmesh/internal/level"
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // Node is one peer of a lock mesh. It is safe for concurrent use. Create it
 // with Start and release it with Close.
 type Node struct {
-	cfg   Config
-	hooks testHooks // all zero outside tests
-	log   *slog.Logger
-	dir   datadir.Dir // the cluster record and the known peers
-
-	mesh  *mesh.Mesh
-	nh    *dragonboat.NodeHost // replicas' NodeHost, for proposals and reads
-	rpc   *transport.Server
-	peers *transport.Client
-
-	// replicas owns the NodeHost and the table of replicas this peer runs.
-	replicas *replicas.Table
-
-	// ctx is the peer's one shutdown signal: shutdown cancels it, every
-	// loop and wait of the peer ends with it, and isClosed reads it.
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closeMu sync.Mutex // serializes Close and kill
-
-	ready     chan struct{} // closed once the placement is known and local replicas run
-	placement atomic.Pointer[layout.Placement]
-
-	// adopting is the layout this peer expects before placement is set:
-	// the bootstrap plan it promised (membership stores it), then the
-	// layout adopt is starting replicas for (raftMember reads it).
-	adopting atomic.Pointer[layout.Placement]
-	// refusal is why this peer does not adopt the cluster's layout: it lists
-	// this peer's name under another NodeHostID. Nil when there is none.
-	refusal atomic.Pointer[layout.IdentityError]
-	// levelRefusal is why this peer does not adopt the cluster's layout:
-	// the cluster runs at a feature level it does not speak.
-	levelRefusal atomic.Pointer[error]
-	joinAddrs    []string // Config.Join and the known peers, set by open
-
-	router *router.Router // batching, forwarding, retries, the leader cache
-	counts replica.Counts // what this peer's lock replicas applied (Stats)
-	obs    *telemetry     // metrics and traces
-
-	// client is the client side of sessions: the live Sessions, the
-	// default session of each shard (Node.Lock), their leases, the
-	// keepalive loop and the waiters grants are handed to.
+	cfg Config // as Start filled it in
+	// peer is the running peer (internal/peer): its ports, gossip,
+	// replicas, membership, leader side and the routes of its commands.
+	peer *peer.Peer
+	// client is the client side of its sessions (internal/client): the
+	// live Sessions, the default session of each shard (Node.Lock),
+	// their leases and keepalives, and the waiters grants are handed to.
 	client *client.Client
-	// deadlockChecks counts the cross-shard deadlock checks that read the
-	// shards' wait graphs (deadlock.go).
-	deadlockChecks atomic.Int64
-
-	// leading is the leader side of sessions on the shards this peer
-	// leads: keepalives served, terms recorded, lapsed sessions expired,
-	// grant notices pushed.
-	leading *leader.Sessions
-
-	// membership forms or joins the cluster (bootstrap), serves and makes
-	// the membership RPCs, keeps placement current (its placement loop)
-	// and carries out Leave.
-	membership *membership.Service
-	ctrl       *controller.Controller // acts only while this peer leads the meta shard
+	obs    *telemetry // metrics and traces
 }
 
 // Start starts a peer: it listens on the configured addresses, joins the
@@ -96,166 +28,29 @@ type Node struct {
 // peers, rejoins its cluster from DataDir, or joins an existing one. Start
 // returns once the peer listens; calls such as Lock wait (bounded by their
 // context) until the cluster is formed. Use Ready to wait explicitly.
-func Start(ctx context.Context, cfg Config) (*Node, error) {
-	if brokenTermFence {
-		cfg.setDefaults()
-		cfg.Logger.Error("BROKEN BUILD: this binary was built with lockmesh_broken_termfence; expiries are not term-fenced, the Raft port is not filtered, and locks can be granted twice. Test use only.")
-	}
-	return start(ctx, cfg, testHooks{unsafeSkipExpiryTerm: brokenTermFence, unsafeNoRaftFilter: brokenTermFence})
-}
+func Start(ctx context.Context, cfg Config) (*Node, error) { return start(ctx, cfg, peer.Hooks{}) }
 
-// start is Start with test hooks.
-func start(ctx context.Context, cfg Config, hooks testHooks) (*Node, error) {
-	if err := cfg.validate(hooks.raftTransport != nil); err != nil {
+// start is Start with a test's hooks.
+func start(ctx context.Context, cfg Config, hooks peer.Hooks) (*Node, error) {
+	raftInMemory := hooks.RaftTransport != nil
+	if err := cfg.validate(raftInMemory); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults()
-	dblog.Install(cfg.Logger)
-	n := &Node{
-		cfg:   cfg,
-		hooks: hooks,
-		log:   cfg.Logger.With("peer", cfg.Name),
-		ready: make(chan struct{}),
-	}
-	n.dir = datadir.Dir{FS: cfg.fs, Path: cfg.DataDir, Log: n.log}
-	// Before newClient: the client side ends with n.ctx.
-	n.ctx, n.cancel = context.WithCancel(context.Background())
-	var err error
-	if n.obs, err = newTelemetry(n); err != nil {
-		n.cancel()
+	obs, err := newTelemetry(cfg)
+	if err != nil {
 		return nil, fmt.Errorf("%w: metrics: %v", ErrInvalidConfig, err)
 	}
-	n.client = newClient(n)
-	n.leading = newLeading(n)
-	if err := n.open(ctx); err != nil {
-		n.shutdown(false)
+	p, err := peer.Start(ctx, cfg.peerConfig(raftInMemory), hooks, obs)
+	if err != nil {
 		return nil, err
 	}
-	if err := n.obs.register(n); err != nil {
-		n.shutdown(false)
+	n := &Node{cfg: cfg, peer: p, client: p.Client(), obs: obs}
+	if err := obs.register(n); err != nil {
+		p.Kill()
 		return nil, fmt.Errorf("%w: metrics: %v", ErrInvalidConfig, err)
 	}
-	n.goFunc(func() { n.membership.RunBootstrap(n.ctx, n.ready) })
-	n.goFunc(n.keepAliveLoop)
-	n.goFunc(n.deadlockLoop)
-	n.goFunc(func() { n.leading.Run(n.ctx) })
-	n.ctrl = n.newController()
-	n.goFunc(func() { n.ctrl.Run(n.ctx) })
-	n.goFunc(func() { n.membership.RunPlacement(n.ctx) })
-	n.goFunc(n.knownPeersLoop)
 	return n, nil
-}
-
-func (n *Node) open(ctx context.Context) error {
-	cfg := n.cfg
-	if err := n.dir.Create(); err != nil {
-		return err
-	}
-	var err error
-	tcfg := transport.Config{Logger: n.log.With("component", "transport"), TLS: cfg.TLS, Dial: n.hooks.rpcDial}
-	scfg := tcfg
-	scfg.Known, scfg.AnswerBound = n.knownConn, answerBound
-	if n.rpc, err = transport.Listen(cfg.RPCAddr, scfg, n.handle); err != nil {
-		return fmt.Errorf("listen rpc %s: %w", cfg.RPCAddr, err)
-	}
-	if n.peers, err = transport.NewClient(tcfg); err != nil {
-		return err
-	}
-	n.router = n.newRouter()
-	mcfg := mesh.Config{
-		Name:      cfg.Name,
-		BindAddr:  cfg.GossipAddr,
-		SecretKey: cfg.GossipKey,
-		Meta:      n.baseMeta(),
-		Local:     config.IsLoopback(cfg.GossipAddr),
-		Logger:    n.log.With("component", "gossip"),
-		Bound:     n.layoutOwner,
-	}
-	if n.hooks.gossipTransport != nil {
-		if mcfg.Transport, err = n.hooks.gossipTransport(cfg.GossipAddr); err != nil {
-			return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
-		}
-	}
-	n.mesh, err = mesh.Create(mcfg)
-	if err != nil {
-		return fmt.Errorf("start gossip on %s: %w", cfg.GossipAddr, err)
-	}
-	hc := replicas.Config{
-		Dir:       cfg.fs.PathJoin(cfg.DataDir, "raft"),
-		RaftAddr:  cfg.RaftAddr,
-		RTT:       cfg.RTT,
-		FS:        cfg.fs,
-		Registry:  n.mesh.NodeRegistryFactory(),
-		Transport: n.hooks.raftTransport,
-		Listener:  leaderListener{n},
-		Logger:    n.log,
-		OnStop:    n.leading.Drop,
-		OnRaftState: func(shard, _, commit uint64) {
-			n.obs.startCommits.Store(shard, commit)
-		},
-		RaftMetrics: cfg.RaftMetrics,
-	}
-	if !n.hooks.unsafeNoRaftFilter {
-		hc.RaftPeers = raftPeers{n}
-	}
-	if n.obs.on {
-		hc.OnSync = n.obs.onSync
-	}
-	if cfg.RaftTLS.enabled() {
-		hc.CAFile, hc.CertFile, hc.KeyFile = cfg.RaftTLS.CAFile, cfg.RaftTLS.CertFile, cfg.RaftTLS.KeyFile
-		hc.RaftAuthorize = n.raftMember
-	}
-	n.warnPlaintext()
-	n.hintGOMAXPROCS()
-	if n.replicas, err = replicas.Open(hc); err != nil {
-		return err
-	}
-	n.nh = n.replicas.NodeHost()
-	n.membership = n.newMembership()
-	meta := n.baseMeta()
-	if p, err := n.dir.LoadRecord(cfg.Name, n.nh.ID(), len(cfg.Join) > 0); err != nil {
-		return err
-	} else if p != nil {
-		meta.Cluster = p.ClusterID
-		if err := n.adopt(p); err != nil {
-			return err
-		}
-	}
-	if err := n.mesh.SetMeta(meta); err != nil {
-		return err
-	}
-	join := datadir.JoinAddrs(cfg.Join, n.dir.LoadKnownPeers())
-	if len(join) == 0 {
-		return nil
-	}
-	// The peers we know may be starting too (or be down a while), so Start
-	// does not wait for them: the join goes on in the background until one
-	// answers, and they may also reach us first. Lock calls meanwhile wait
-	// within their context and then say why (see waitReady).
-	n.joinAddrs = join
-	n.goFunc(func() { n.join(join) })
-	return nil
-}
-
-// joinPatience is how long the background join tries before it logs that
-// no address answered yet (it goes on trying).
-const joinPatience = 5 * time.Second
-
-// join joins the gossip mesh through addrs, retrying until one answers or
-// the node closes. Until then the mesh's JoinError says what the last
-// attempt hit (a gossip key mismatch is logged by the mesh at once).
-func (n *Node) join(addrs []string) {
-	ctx, cancel := context.WithTimeout(n.ctx, joinPatience)
-	_, err := n.mesh.Join(ctx, addrs)
-	cancel()
-	if err == nil || n.isClosed() {
-		return
-	}
-	n.log.Warn("no Join address answered yet; still trying", "join", addrs, "err", n.mesh.JoinError())
-	if _, err := n.mesh.Join(n.ctx, addrs); err != nil {
-		return // closed
-	}
-	n.log.Info("joined the gossip mesh", "join", addrs)
 }
 
 // Ready returns a channel closed once this peer knows the cluster layout and
@@ -265,319 +60,36 @@ func (n *Node) join(addrs []string) {
 // timeouts), and a cluster restarted as a whole first needs a quorum of
 // every shard back, so the first Lock can wait seconds after Ready. Use
 // WaitServing to wait until locks are granted without that wait.
-func (n *Node) Ready() <-chan struct{} { return n.ready }
+func (n *Node) Ready() <-chan struct{} { return n.peer.Ready() }
 
 // WaitServing waits, bounded by ctx, until this peer is Ready and every
 // lock shard answers a linearizable read through it: each has a leader
 // with a quorum, so a Lock made now waits only for the key. It returns
 // the reason if ctx ends first.
-func (n *Node) WaitServing(ctx context.Context) error {
-	p, err := n.waitReady(ctx)
-	if err != nil {
-		return err
-	}
-	shards := p.ShardIDs()[1:] // the lock shards
-	errs := make([]error, len(shards))
-	var wg sync.WaitGroup
-	for i, shard := range shards {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey})
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
+func (n *Node) WaitServing(ctx context.Context) error { return n.peer.WaitServing(ctx) }
 
 // Name returns the peer's name.
 func (n *Node) Name() string { return n.cfg.Name }
 
 // GossipAddr returns the address memberlist listens on, for others to Join.
-func (n *Node) GossipAddr() string { return n.mesh.Addr() }
+func (n *Node) GossipAddr() string { return n.peer.GossipAddr() }
 
 // Close stops the peer. It closes this peer's sessions first, so locks it
 // holds are handed to waiters at once instead of after the session TTL,
 // then leaves the gossip mesh and stops every goroutine, listener and file.
 // Close is idempotent; calls made after it return ErrClosed.
-func (n *Node) Close() error {
-	n.closeMu.Lock()
-	defer n.closeMu.Unlock()
-	if n.isClosed() {
-		return nil
-	}
-	n.closeSessions()
-	n.shutdown(true)
-	return nil
-}
+func (n *Node) Close() error { return n.peer.Close() }
 
-// kill stops the peer abruptly, as a crash would: no session is closed and
-// no goodbye is gossiped. Tests use it.
-func (n *Node) kill() {
-	n.closeMu.Lock()
-	defer n.closeMu.Unlock()
-	if n.isClosed() {
-		return
-	}
-	n.shutdown(false)
-}
+// Leave moves this peer out of the cluster gracefully: it asks for its
+// replicas and leaderships to be moved to other peers, waits until they
+// are (the cluster never drops below the replication factor, so this needs
+// enough other peers), then closes its sessions, handing their locks on,
+// and closes the node. If ctx ends first the peer stays draining and
+// running, and Leave returns an error.
+func (n *Node) Leave(ctx context.Context) error { return n.peer.Leave(ctx) }
 
-// shutdown stops everything; leave says goodbye on gossip first.
-func (n *Node) shutdown(leave bool) {
-	n.cancel()
-	// Collections stop reading the peer before its parts close.
-	n.obs.close()
-	if n.router != nil {
-		// Calls still waiting on a command return ErrClosed now.
-		n.router.Close()
-	}
-	if n.mesh != nil {
-		if leave {
-			_ = n.mesh.Leave(time.Second)
-		}
-		_ = n.mesh.Close()
-	}
-	if n.rpc != nil {
-		_ = n.rpc.Close()
-	}
-	n.wg.Wait()
-	if n.peers != nil {
-		_ = n.peers.Close()
-	}
-	if n.replicas != nil {
-		n.replicas.Close()
-	}
-}
-
-// isClosed reports whether Close or kill has begun: calls made from then
-// on return ErrClosed.
-func (n *Node) isClosed() bool { return n.ctx.Err() != nil }
-
-// every runs f every interval, on the calling goroutine, until the node
-// stops.
-func (n *Node) every(interval time.Duration, f func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-n.ctx.Done():
-			return
-		}
-		f()
-	}
-}
-
-func (n *Node) goFunc(f func()) {
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		f()
-	}()
-}
-
-// waitReady blocks until the cluster layout is known.
-func (n *Node) waitReady(ctx context.Context) (*layout.Placement, error) {
-	select {
-	case <-n.ready:
-		return n.placement.Load(), nil
-	case <-n.ctx.Done():
-		return nil, ErrClosed
-	case <-ctx.Done():
-		if r := n.refusal.Load(); r != nil {
-			return nil, fmt.Errorf("%w: not admitted to the cluster yet: %w: %w", ErrUnavailable, r, ctx.Err())
-		}
-		if r := n.levelRefusal.Load(); r != nil {
-			return nil, fmt.Errorf("%w: %w: %w", ErrUnavailable, *r, ctx.Err())
-		}
-		if je := n.mesh.JoinError(); je != nil {
-			return nil, fmt.Errorf("%w: not joined: no Join address answered (%v): %w", ErrUnavailable, je, ctx.Err())
-		}
-		if n.cfg.BootstrapExpect == 0 {
-			return nil, fmt.Errorf("%w: not admitted to a cluster yet (joining through %v): %w", ErrUnavailable, n.joinAddrs, ctx.Err())
-		}
-		return nil, fmt.Errorf("%w: cluster not formed yet (bootstrap expects %d peers): %w", ErrUnavailable, n.cfg.BootstrapExpect, ctx.Err())
-	}
-}
-
-// adopt makes p this peer's layout: it records it in the data dir, starts
-// the replicas p places here and opens lock calls. Called once. It
-// refuses, with an *layout.IdentityError, a layout that lists this peer's name
-// under another NodeHostID: those replicas are another data dir's.
-func (n *Node) adopt(p *layout.Placement) error {
-	if ie := p.CheckIdentity(n.cfg.Name, n.nh.ID()); ie != nil {
-		return ie
-	}
-	if err := n.checkLevel(p); err != nil {
-		return err
-	}
-	if err := n.dir.SaveRecord(p); err != nil {
-		return err
-	}
-	// The replicas start talking before p is stored below: the Raft
-	// transport's check of peers (raftMember) reads p from here meanwhile.
-	n.adopting.Store(p)
-	for _, shard := range p.ShardIDs() {
-		r, ok := p.Replica(shard, n.cfg.Name)
-		if !ok {
-			continue
-		}
-		if err := n.startReplica(p, shard, r); err != nil {
-			// A replica that halted while replaying its log (an entry
-			// or snapshot of a newer release) stays stopped with its
-			// data, logged and reported by Placement; the peer serves
-			// its other shards, and the other replicas serve this one.
-			var he *HaltError
-			if !errors.As(err, &he) {
-				return err
-			}
-		}
-	}
-	membership.NoteShortfall(n.log, nil, p)
-	n.placement.Store(p)
-	close(n.ready)
-	n.log.Info("cluster layout adopted", "cluster", p.ClusterID, "shards", p.Shards, "peers", len(p.Peers))
-	return nil
-}
-
-// startReplica starts this peer's replica r of shard: from its data if it
-// ran before, else as an initial member or by joining the running shard.
-// It returns the *HaltError of a replica that halted here.
-func (n *Node) startReplica(p *layout.Placement, shard uint64, r layout.Replica) error {
-	halt := replica.Halter{OnStop: n.haltReplica, SnapshotIndex: func() uint64 { return n.snapshotIndex(shard) }, OnSkip: n.skippedEntry}
-	for _, e := range n.cfg.UnsafeSkipEntries {
-		if e.Shard == shard {
-			halt.Skip = append(halt.Skip, e.Index)
-		}
-	}
-	var create sm.CreateStateMachineFunc
-	if shard == metaShardID {
-		create = func(uint64, uint64) sm.IStateMachine { return replica.NewMeta(halt) }
-	} else {
-		create = func(uint64, uint64) sm.IStateMachine {
-			return replica.NewLock(replica.LockConfig{Shard: shard, OnGrant: n.leading.OnApplyGrants,
-				OnApply: n.hooks.onApply, SkipTermCheck: n.hooks.unsafeSkipExpiryTerm,
-				MaxFormat: n.topLevel().CommandFormat(), MaxSnapshot: n.hooks.holdSnapshot,
-				SnapshotFormat: func() byte { return n.clusterLevel().LockSnapshotFormat() }, Halt: halt,
-				Counts: &n.counts, ReplayedTo: func() uint64 { return n.obs.startCommit(shard) }})
-		}
-	}
-	return n.replicas.Start(p, shard, r, create)
-}
-
-// skippedEntry logs an entry a replica passed over unread, as
-// Config.UnsafeSkipEntries told it to. It runs on dragonboat's apply
-// goroutine and does not block.
-func (n *Node) skippedEntry(shard, index uint64, cause error) {
-	n.log.Warn("replica skipped an entry it cannot read, as UnsafeSkipEntries says; its commands are lost",
-		"shard", shard, "index", index, "err", cause)
-}
-
-// haltReplica stops the replica whose state machine fail-stopped at an
-// entry it cannot read, keeping its data: the log still holds the entry,
-// and an upgraded peer replays it at its next start. It runs on
-// dragonboat's apply goroutine and does not block.
-func (n *Node) haltReplica(he *HaltError) {
-	if he.Snapshot {
-		n.log.Error("replica stopped: it cannot load a snapshot of its shard", "shard", he.Shard,
-			"index", he.Index, "format_version", he.Version, "err", he.Err,
-			"fix", "upgrade this peer; its replica loads the snapshot from its data dir at the next start")
-	} else {
-		n.log.Error("replica stopped: it cannot read an entry of its shard's log", "shard", he.Shard,
-			"index", he.Index, "format_version", he.Version, "err", he.Err,
-			"fix", "upgrade this peer; its replica replays the entry from the log at the next start. If no release reads the entry, restart every peer hosting the shard with it in Config.UnsafeSkipEntries (docs/UPGRADING.md)")
-	}
-	n.replicas.Halt(he.Shard, he)
-}
-
-// snapshotIndex is the log index of the newest snapshot dragonboat holds
-// for this peer's replica of shard: the one a replica that halts while
-// loading a snapshot was loading. 0 if there is none. It is called on
-// dragonboat's snapshot goroutine and takes only the NodeHost's and the
-// log reader's locks, which nothing holds while waiting for that goroutine.
-func (n *Node) snapshotIndex(shard uint64) uint64 {
-	lr, err := n.nh.GetLogReader(shard)
-	if err != nil {
-		return 0
-	}
-	ss := lr.Snapshot()
-	if pb.IsEmptySnapshot(ss) {
-		return 0
-	}
-	defer func() { _ = ss.Unref() }()
-	return ss.Index
-}
-
-// haltedShard returns why this peer's replica of shard halted, or nil.
-func (n *Node) haltedShard(shard uint64) *HaltError {
-	var he *HaltError
-	if errors.As(n.replicas.Halted(shard), &he) {
-		return he
-	}
-	return nil
-}
-
-// hostsShard reports whether this peer runs a replica of shard.
-func (n *Node) hostsShard(shard uint64) bool { return n.replicas.Hosts(shard) }
-
-// localReplica returns the id of the replica of shard this peer runs.
-func (n *Node) localReplica(shard uint64) (uint64, bool) { return n.replicas.Local(shard) }
-
-// leaderListener receives dragonboat's leader changes on its own goroutine;
-// it only records them and never blocks.
-type leaderListener struct{ n *Node }
-
-func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
-	l.n.leading.LeaderUpdated(info)
-	if info.ShardID != metaShardID {
-		l.n.obs.onLeaderChange(info.ShardID)
-	}
-	if p := l.n.placement.Load(); p != nil && info.LeaderID != 0 {
-		if name, ok := p.ReplicaPeer(info.ShardID, info.LeaderID); ok {
-			l.n.setLeader(info.ShardID, name)
-		}
-	}
-}
-
-// now is the node's clock; the lease logic reads time only through it.
-func (n *Node) now() time.Time { return n.cfg.clock.Now() }
-
-// warnPlaintext says which links are not protected, once at start: fine
-// for local development, not for production. When Config.Insecure is what
-// let an unprotected peer listen beyond loopback, it says so and names the
-// exposed addresses.
-func (n *Node) warnPlaintext() {
-	link := map[string]string{"GossipKey": "gossip", "RaftTLS": "raft", "TLS": "rpc"}
-	peer := n.cfg.peer(n.hooks.raftTransport != nil)
-	missing := config.Missing(peer)
-	var plain []string
-	for _, field := range missing {
-		plain = append(plain, link[field]+" (set "+field+")")
-	}
-	if len(plain) > 0 {
-		n.log.Warn("running without encryption or peer authentication; use only for local development", "plaintext", plain)
-	}
-	if !n.cfg.Insecure {
-		return
-	}
-	if exposed := config.Exposed(peer); len(exposed) > 0 && len(plain) > 0 {
-		n.log.Warn("Insecure is set: unprotected ports listen beyond loopback; any host that reaches them can join, propose and lock, and a crafted gossip message costs memory (see docs/SECURITY.md)",
-			"exposed", exposed, "unset", missing)
-	} else {
-		n.log.Info("Insecure is set but changes nothing: every address is loopback or every link is protected")
-	}
-}
-
-// rpcAddr resolves a peer name to its transport address from gossip. A
-// member gossiping a name the layout lists under another NodeHostID has
-// none: it is not the peer the layout means (see sameIdentity).
-func (n *Node) rpcAddr(name string) (string, bool) {
-	m, ok := n.mesh.Member(name)
-	if !ok || m.State != mesh.StateAlive || m.Meta.RPCAddr == "" {
-		return "", false
-	}
-	if p := n.placement.Load(); p != nil && !sameIdentity(p, m) {
-		return "", false
-	}
-	return m.Meta.RPCAddr, true
-}
+// FeatureLevels returns the oldest and newest feature levels this release
+// speaks: a cluster at a level outside them is refused (ErrIncompatible).
+// Rolling upgrades need the next release to speak this one's newest level
+// (docs/UPGRADING.md).
+func FeatureLevels() (oldest, newest uint8) { return uint8(level.Min), uint8(level.Max) }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/leader"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport"
 )
@@ -35,7 +36,7 @@ func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
 		l, err := waiterNode.Lock(ctxT(t, 30*time.Second), key)
 		got <- result{l, err, time.Now()}
 	}()
-	shard := waiterNode.placement.Load().ShardOf(key)
+	shard := waiterNode.peer.Placement().ShardOf(key)
 	var w client.WaiterKey
 	deadline := time.Now().Add(30 * time.Second) // fails a waiter that never queues, not a slow one
 	for w == (client.WaiterKey{}) {
@@ -59,12 +60,12 @@ func TestForgedGrantNoticeDoesNotGrant(t *testing.T) {
 	}
 	defer forger.Close()
 	const forgedToken = 999
-	body, err := encodeBody(leader.Notice{Shard: shard, Grants: []lockfsm.Grant{{Key: key, Session: w.Session, Req: w.Req, Token: forgedToken, Owner: waiterNode.Name(), HandOff: true}}})
+	body, err := peer.EncodeBody(leader.Notice{Shard: shard, Grants: []lockfsm.Grant{{Key: key, Session: w.Session, Req: w.Req, Token: forgedToken, Owner: waiterNode.Name(), HandOff: true}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
-		if _, err := forger.Call(ctxT(t, 5*time.Second), waiterNode.rpc.Addr(), methodNotify, body); err != nil {
+		if _, err := forger.Call(ctxT(t, 5*time.Second), waiterNode.peer.RPCAddr(), peer.MethodNotify, body); err != nil {
 			t.Fatalf("sending the forged notice: %v", err)
 		}
 	}

@@ -22,11 +22,11 @@ import (
 // familyLevel refuses the lock family below feature level 3: a replica
 // of an older release would halt on its commands.
 func (n *Node) familyLevel(what string) error {
-	if n.clusterLevel().HasLockFamily() {
+	if n.peer.ClusterLevel().HasLockFamily() {
 		return nil
 	}
 	return fmt.Errorf("%w: %s need feature level %d; the cluster runs at %d until every peer is upgraded (see docs/UPGRADING.md)",
-		ErrIncompatible, what, level.Family, n.clusterLevel())
+		ErrIncompatible, what, level.Family, n.peer.ClusterLevel())
 }
 
 // LockOption configures one lock call (Lock, TryLock, RLock, Acquire and

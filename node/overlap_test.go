@@ -16,7 +16,7 @@ import (
 
 // The apply log and the lease-overlap checker.
 //
-// testHooks.onApply on every peer reports each lock shard entry each replica
+// peer.Hooks.OnApply on every peer reports each lock shard entry each replica
 // applies, with the grants it made. From that the apply log keeps, per
 // shard and index, the grants and the time the entry was first applied on
 // any replica, and checks online that
@@ -67,7 +67,7 @@ func newApplyLog() *applyLog {
 	return &applyLog{streams: map[streamID]*applyStream{}, entries: map[entryID]*appliedEntry{}}
 }
 
-// hook is the testHooks.onApply of one start of peer: it runs on dragonboat's
+// hook is the peer.Hooks.OnApply of one start of peer: it runs on dragonboat's
 // apply goroutine and only takes a mutex.
 func (a *applyLog) hook(peer string, incarnation int) func(shard, index uint64, grants []lockfsm.Grant) {
 	return func(shard, index uint64, grants []lockfsm.Grant) {

@@ -37,7 +37,7 @@ func newTestSession(t *testing.T, ctx context.Context, n *Node, opts ...SessionO
 func TestLockAllNeverReenters(t *testing.T) {
 	n, ctx := startPromiseCluster(t)
 	s := newTestSession(t, ctx, n, WithReentrant())
-	p := n.placement.Load()
+	p := n.peer.Placement()
 	free := keyOnShard(p, layout.FirstLockShard, "free")
 	held := keyOnShard(p, layout.FirstLockShard+1, "held")
 	l, err := s.Lock(ctx, held)

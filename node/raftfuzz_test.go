@@ -22,6 +22,7 @@ import (
 	pb "github.com/lni/dragonboat/v4/raftpb"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
@@ -141,7 +142,7 @@ func TestRaftFuzz(t *testing.T) {
 
 // memberAttack is peer-1's certificate attacking peer-2 and peer-3 of a
 // RaftTLS cluster whose peers have hook.
-func memberAttack(t *testing.T, ca *transporttest.CA, dir string, key []byte, hook func(*testHooks), rng *rand.Rand, batches int, trace *raftFuzzTrace) raftAttack {
+func memberAttack(t *testing.T, ca *transporttest.CA, dir string, key []byte, hook func(*peer.Hooks), rng *rand.Rand, batches int, trace *raftFuzzTrace) raftAttack {
 	files := map[string]RaftTLS{}
 	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, hook: hook, mutate: func(c *Config) {
 		hardened(c, ca, dir, key)
@@ -162,7 +163,7 @@ func memberAttack(t *testing.T, ca *transporttest.CA, dir string, key []byte, ho
 // holders. It caught it within 20 batches in each of 3 runs.
 func TestRaftFuzzCatchesTwoHolders(t *testing.T) {
 	trace := openRaftFuzzTrace(t, 1)
-	a := memberAttack(t, transporttest.NewCA(t), t.TempDir(), randomKey(t, 32), func(h *testHooks) { h.unsafeNoAuthz = true },
+	a := memberAttack(t, transporttest.NewCA(t), t.TempDir(), randomKey(t, 32), func(h *peer.Hooks) { h.UnsafeNoAuthz = true },
 		rand.New(rand.NewPCG(1, 3)), 300, trace)
 	var seen string
 	a.violated = func(v string) { seen = v }
@@ -308,7 +309,7 @@ func (w *holdWatch) attempt(t *testing.T, holder *testPeer) heldAttempt {
 		t.Fatalf("inspect %q: %+v, %v", w.key, info, err)
 	}
 	h := info.Holders[0]
-	return heldAttempt{shard: holder.node.placement.Load().ShardOf(w.key), session: h.ShardSession, req: h.Request}
+	return heldAttempt{shard: holder.node.peer.Placement().ShardOf(w.key), session: h.ShardSession, req: h.Request}
 }
 
 // violation says whether the waiter holds the key while the holder's
@@ -480,7 +481,7 @@ type raftFuzzProbe struct {
 }
 
 func newRaftFuzzProbe(t *testing.T, peers []*testPeer) *raftFuzzProbe {
-	p := peers[0].node.placement.Load()
+	p := peers[0].node.peer.Placement()
 	pr := &raftFuzzProbe{peers: peers, shards: p.ShardIDs()[1:], keys: map[uint64]string{}}
 	for i := 0; len(pr.keys) < len(pr.shards); i++ {
 		if i == 100000 {
@@ -510,7 +511,7 @@ func (pr *raftFuzzProbe) check(t *testing.T, batches int, recent []string) {
 	ctx := func() context.Context { return ctxT(t, raftFuzzServeBound) }
 
 	for _, p := range pr.peers {
-		if p.node.isClosed() {
+		if p.node.peer.IsClosed() {
 			fail("%s has closed", p.cfg.Name)
 		}
 		st, err := p.node.Status(ctx())
@@ -520,8 +521,8 @@ func (pr *raftFuzzProbe) check(t *testing.T, batches int, recent []string) {
 		if !st.Ready {
 			fail("%s: Status says it is not ready", p.cfg.Name)
 		}
-		for _, shard := range p.node.placement.Load().ShardIDs() {
-			if he := p.node.haltedShard(shard); he != nil {
+		for _, shard := range p.node.peer.Placement().ShardIDs() {
+			if he := p.node.peer.HaltedShard(shard); he != nil {
 				fail("%s: replica of shard %d halted: %v", p.cfg.Name, shard, he)
 			}
 		}
@@ -592,9 +593,9 @@ func rss() string {
 func raftStates(peers []*testPeer, shard uint64) string {
 	var out []string
 	for _, p := range peers {
-		leader, term, known, err := p.node.nh.GetLeaderID(shard)
+		leader, term, known, err := p.node.peer.NodeHost().GetLeaderID(shard)
 		s := fmt.Sprintf("%s: leader %d (known %v, term %d, err %v)", p.cfg.Name, leader, known, term, err)
-		if lr, err := p.node.nh.GetLogReader(shard); err == nil {
+		if lr, err := p.node.peer.NodeHost().GetLogReader(shard); err == nil {
 			st, _ := lr.NodeState()
 			first, last := lr.GetRange()
 			s += fmt.Sprintf(", state term %d vote %d commit %d, log %d..%d", st.Term, st.Vote, st.Commit, first, last)
@@ -620,18 +621,18 @@ type raftView struct {
 func readRaftView(peers []*testPeer) *raftView {
 	n := peers[0].node
 	v := &raftView{
-		layout:     n.placement.Load(),
+		layout:     n.peer.Placement(),
 		deployment: deploymentID(n),
-		format:     n.clusterLevel().CommandFormat(),
+		format:     n.peer.ClusterLevel().CommandFormat(),
 		term:       map[uint64]uint64{},
 		commit:     map[uint64]uint64{},
 		last:       map[uint64]uint64{},
 		sessions:   map[uint64][]uint64{},
 	}
 	for _, p := range peers {
-		v.addrs = append(v.addrs, p.cfg.RaftAddr, p.node.nh.ID())
+		v.addrs = append(v.addrs, p.cfg.RaftAddr, p.node.peer.NodeHost().ID())
 		for _, shard := range v.layout.ShardIDs() {
-			lr, err := p.node.nh.GetLogReader(shard)
+			lr, err := p.node.peer.NodeHost().GetLogReader(shard)
 			if err != nil {
 				continue
 			}
@@ -643,7 +644,7 @@ func readRaftView(peers []*testPeer) *raftView {
 			if shard == layout.MetaShard || len(v.sessions[shard]) > 0 {
 				continue
 			}
-			ids, err := p.node.nh.StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any {
+			ids, err := p.node.peer.NodeHost().StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any {
 				var ids []uint64
 				for _, si := range s.Sessions() {
 					ids = append(ids, si.ID)
@@ -661,7 +662,7 @@ func readRaftView(peers []*testPeer) *raftView {
 // deploymentID is the deployment id n's NodeHost checks every batch
 // against.
 func deploymentID(n *Node) uint64 {
-	c := n.nh.NodeHostConfig()
+	c := n.peer.NodeHost().NodeHostConfig()
 	return c.GetDeploymentID()
 }
 

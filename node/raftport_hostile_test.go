@@ -13,6 +13,7 @@ import (
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/transport/transporttest"
 )
@@ -67,7 +68,7 @@ type raftTarget struct {
 // when it hosts the shard (a member's certificate can only claim its own
 // replicas), else another replica of the shard.
 func raftTargets(peers []*testPeer, sender string) []raftTarget {
-	p := peers[0].node.placement.Load()
+	p := peers[0].node.peer.Placement()
 	var out []raftTarget
 	for _, pe := range peers {
 		if pe.cfg.Name == sender {
@@ -161,10 +162,10 @@ func forgedProposals(t testing.TB, x raftTarget, l level.Level) map[string]pb.Me
 // a leader term at or above 2^62 (a forged LeaderTerm).
 func raftPortHealthy(t *testing.T, peers []*testPeer) {
 	t.Helper()
-	p := peers[0].node.placement.Load()
+	p := peers[0].node.peer.Placement()
 	for _, pe := range peers {
 		for _, shard := range p.ShardIDs() {
-			if he := pe.node.haltedShard(shard); he != nil {
+			if he := pe.node.peer.HaltedShard(shard); he != nil {
 				t.Errorf("%s: replica of shard %d halted: %v", pe.cfg.Name, shard, he)
 			}
 		}
@@ -183,9 +184,9 @@ func raftPortHealthy(t *testing.T, peers []*testPeer) {
 // at or above 2^62: a forged LeaderTerm committed.
 func forgedTerms(t *testing.T, peers []*testPeer) []string {
 	var out []string
-	for _, shard := range peers[0].node.placement.Load().ShardIDs()[1:] {
+	for _, shard := range peers[0].node.peer.Placement().ShardIDs()[1:] {
 		for _, pe := range peers {
-			if !pe.node.hostsShard(shard) {
+			if !pe.node.peer.HostsShard(shard) {
 				continue
 			}
 			if term := recordedTerm(t, pe, shard); term >= 1<<62 {
@@ -208,7 +209,7 @@ func attackRaftPort(t *testing.T, peers []*testPeer, f raftForger, sender string
 	}
 	raftPortHealthy(t, peers)
 	for _, x := range targets {
-		for _, m := range forgedProposals(t, x, x.peer.node.clusterLevel()) {
+		for _, m := range forgedProposals(t, x, x.peer.node.peer.ClusterLevel()) {
 			f.send(x.peer, m)
 		}
 	}
@@ -277,13 +278,13 @@ func TestRaftPortMemberCertificate(t *testing.T) {
 	// peer-2 holds a key; peer-3 waits for it.
 	scene := newVictimScene(t, []*testPeer{peers[1], peers[0], peers[2]}, "raftport/victim")
 	attackRaftPort(t, peers, f, "peer-1")
-	p := peers[0].node.placement.Load()
+	p := peers[0].node.peer.Placement()
 	v := scene.holder
 	for _, x := range raftTargets(peers, "peer-1") {
 		if x.shard != scene.shard {
 			continue
 		}
-		raw, err := lockfsm.EncodeCommandsFormat(peers[0].node.clusterLevel().CommandFormat(), []lockfsm.Command{{Op: lockfsm.OpRelease, Session: v.Session, Target: v.Req}})
+		raw, err := lockfsm.EncodeCommandsFormat(peers[0].node.peer.ClusterLevel().CommandFormat(), []lockfsm.Command{{Op: lockfsm.OpRelease, Session: v.Session, Target: v.Req}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,7 +318,7 @@ func TestRaftPortMemberCertificate(t *testing.T) {
 // LeaderTerm proposal commits, and raftPortHealthy reports it. (The crash
 // messages are not sent: they would end the test binary.)
 func TestRaftPortBrokenVariantIsCaught(t *testing.T) {
-	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, hook: func(h *testHooks) { h.unsafeNoRaftFilter = true }})
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, hook: func(h *peer.Hooks) { h.UnsafeNoRaftFilter = true }})
 	for _, p := range peers {
 		if err := p.node.WaitServing(ctxT(t, 20*time.Second)); err != nil {
 			t.Fatal(err)
@@ -325,13 +326,13 @@ func TestRaftPortBrokenVariantIsCaught(t *testing.T) {
 	}
 	f := raftForger{t: t}
 	for _, x := range raftTargets(peers, "nobody") {
-		if m, ok := forgedProposals(t, x, peers[0].node.clusterLevel())["LeaderTerm 2^62"]; ok {
+		if m, ok := forgedProposals(t, x, peers[0].node.peer.ClusterLevel())["LeaderTerm 2^62"]; ok {
 			f.send(x.peer, m)
 		}
 	}
 	// Every lock shard's replicas apply what their leader commits; the
 	// check must see it on each.
-	want := 3 * peers[0].node.placement.Load().Shards
+	want := 3 * peers[0].node.peer.Placement().Shards
 	pollUntil(t, 20*time.Second, "the check to see the forged LeaderTerm on every lock shard replica", func() bool {
 		return len(forgedTerms(t, peers)) == want
 	})
@@ -350,12 +351,12 @@ func TestLevel3CommandsRefusedBelowLevel3(t *testing.T) {
 	for _, broken := range []bool{false, true} {
 		t.Run(map[bool]string{false: "filtered", true: "filter off"}[broken], func(t *testing.T) {
 			peers := startMixedCluster(t, clusterOpts{expect: 3, shards: 2, rf: 3}, "mixed", 2,
-				func(h *testHooks) { h.unsafeNoRaftFilter = broken })
-			if lvl := peers[0].node.clusterLevel(); lvl != 2 {
+				func(h *peer.Hooks) { h.UnsafeNoRaftFilter = broken })
+			if lvl := peers[0].node.peer.ClusterLevel(); lvl != 2 {
 				t.Fatalf("cluster at level %d, want 2", lvl)
 			}
 			old := peers[2]
-			p := peers[0].node.placement.Load()
+			p := peers[0].node.peer.Placement()
 			shard := p.ShardIDs()[1]
 			key := keyOnShard(p, shard, "mixed")
 			lockAndUnlock(t, old.node, key)
@@ -380,18 +381,18 @@ func TestLevel3CommandsRefusedBelowLevel3(t *testing.T) {
 				}
 				return false
 			})
-			refusedBefore := leader.peer.node.replicas.RaftRefused()
+			refusedBefore := leader.peer.node.peer.Replicas().RaftRefused()
 			raftForger{t: t}.send(leader.peer, pb.Message{Type: pb.Propose, ShardID: shard, To: leader.to, From: leader.from,
 				Entries: []pb.Entry{{Type: pb.EncodedEntry, ClientID: 12345, Key: 7, Cmd: append([]byte{0}, raw...)}}})
 			owned := func() int {
-				_, n := old.node.shardSessions(shard).Count("mixed-1-forged")
+				_, n := old.node.peer.ShardSessions(shard).Count("mixed-1-forged")
 				return n
 			}
 			if broken {
 				pollUntil(t, 10*time.Second, "the labelled OpenSession to commit without the filter", func() bool { return owned() == 1 })
 				return
 			}
-			if n := leader.peer.node.replicas.RaftRefused(); n == refusedBefore {
+			if n := leader.peer.node.peer.Replicas().RaftRefused(); n == refusedBefore {
 				t.Fatalf("%s's filter refused nothing after the labelled Propose", leader.peer.cfg.Name)
 			}
 			lockAndUnlock(t, old.node, key) // an entry after the Propose, had it committed

@@ -67,9 +67,9 @@ func TestRaftPortHostileHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shard := peers[0].node.placement.Load().ShardOf("raftport/held")
+	shard := peers[0].node.peer.Placement().ShardOf("raftport/held")
 	pollUntil(t, 10*time.Second, target.cfg.Name+"'s replica applies peer-1's session", func() bool {
-		v, err := target.node.nh.StaleRead(shard, replica.Query{Kind: replica.QuerySessions})
+		v, err := target.node.peer.NodeHost().StaleRead(shard, replica.Query{Kind: replica.QuerySessions})
 		return err == nil && len(v.(replica.Answer).Sessions) > 0
 	})
 	if err := l.Unlock(ctx); err != nil {

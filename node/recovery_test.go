@@ -7,6 +7,8 @@ import (
 	"time"
 
 	pb "github.com/lni/dragonboat/v4/raftpb"
+
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // TestUnsafeSkipEntriesRecoversAShard: an entry no release reads, once
@@ -20,8 +22,8 @@ import (
 // propose it (TestRaftPortLocalProcess).
 func TestUnsafeSkipEntriesRecoversAShard(t *testing.T) {
 	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, mutate: restartable(t),
-		hook: func(h *testHooks) { h.unsafeNoRaftFilter = true }})
-	p := peers[0].node.placement.Load()
+		hook: func(h *peer.Hooks) { h.UnsafeNoRaftFilter = true }})
+	p := peers[0].node.peer.Placement()
 	shard := p.ShardIDs()[1]
 	key := keyOnShard(p, shard, "recovery")
 	l, err := peers[0].node.Lock(ctxT(t, 10*time.Second), key)
@@ -48,7 +50,7 @@ func TestUnsafeSkipEntriesRecoversAShard(t *testing.T) {
 	var sent time.Time
 	pollUntil(t, 20*time.Second, "the forged entry to halt a replica", func() bool {
 		for _, pe := range peers {
-			if pe.node.haltedShard(shard) != nil {
+			if pe.node.peer.HaltedShard(shard) != nil {
 				return true
 			}
 		}
@@ -62,7 +64,7 @@ func TestUnsafeSkipEntriesRecoversAShard(t *testing.T) {
 
 	// A restart replays the entry and halts there again.
 	for _, pe := range peers {
-		pe.hooks.unsafeNoRaftFilter = false
+		pe.hooks.UnsafeNoRaftFilter = false
 	}
 	restartAll(t, peers)
 	if got := waitAllHalted(t, peers, shard); got != index {
@@ -99,7 +101,7 @@ func TestUnsafeSkipEntriesRecoversAShard(t *testing.T) {
 		}
 	}
 	for _, pe := range peers {
-		if he := pe.node.haltedShard(shard); he != nil {
+		if he := pe.node.peer.HaltedShard(shard); he != nil {
 			t.Fatalf("%s: halted after the skip: %v", pe.cfg.Name, he)
 		}
 	}
@@ -112,7 +114,7 @@ func waitServingOrHalted(t *testing.T, peers []*testPeer, shard uint64) error {
 	var halted error
 	pollUntil(t, 30*time.Second, "every peer to serve, or a replica to halt", func() bool {
 		for _, pe := range peers {
-			if he := pe.node.haltedShard(shard); he != nil {
+			if he := pe.node.peer.HaltedShard(shard); he != nil {
 				halted = he
 				return true
 			}
@@ -138,7 +140,7 @@ func waitAllHalted(t *testing.T, peers []*testPeer, shard uint64) uint64 {
 	pollUntil(t, 20*time.Second, "every replica of the shard to halt at the unreadable entry", func() bool {
 		index = 0
 		for _, pe := range peers {
-			he := pe.node.haltedShard(shard)
+			he := pe.node.peer.HaltedShard(shard)
 			if he == nil || (index != 0 && he.Index != index) {
 				return false
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/membership"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -20,9 +21,9 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	peers := startCluster(t, clusterOpts{peers: 3, rf: 3})
 	n := peers[0].node
 	ctx := ctxT(t, 20*time.Second)
-	p, _ := n.waitReady(ctx)
+	p, _ := n.peer.WaitReady(ctx)
 	shard := p.ShardOf("retry")
-	owner, err := n.defaultSession(shard)
+	owner, err := n.client.Default(shard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,13 +33,13 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	}
 	req := s.Attempts().Begin()
 	cmd := lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.ID(), Req: req, Key: "retry", Wait: true, Limit: 1}
-	first, err := n.apply(ctx, shard, cmd)
+	first, err := n.peer.Apply(ctx, shard, cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The same bytes again, as the retry loop sends them, through another
 	// peer (the way a forwarded retry can land elsewhere).
-	second, err := peers[2].node.apply(ctx, shard, cmd)
+	second, err := peers[2].node.peer.Apply(ctx, shard, cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func TestRetriedAcquireNeverGrantsTwice(t *testing.T) {
 	}
 	// A second attempt (new request id) of the same session waits: the
 	// session does not hold the key twice.
-	third, err := n.apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.ID(), Req: s.Attempts().Begin(), Key: "retry", Wait: false, Limit: 1})
+	third, err := n.peer.Apply(ctx, shard, lockfsm.Command{Op: lockfsm.OpAcquire, Session: s.ID(), Req: s.Attempts().Begin(), Key: "retry", Wait: false, Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func TestRetriedReleaseAfterAckMoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, shard := l.h.Session(), l.h.Session().Shard()
-	p, _ := n.waitReady(ctx)
+	p, _ := n.peer.WaitReady(ctx)
 	other := ""
 	for i := 0; other == ""; i++ {
 		if k := fmt.Sprintf("other-%d", i); p.ShardOf(k) == shard {
@@ -97,7 +98,7 @@ func TestRetriedReleaseAfterAckMoved(t *testing.T) {
 
 	cmd, done := s.ReleaseCommand(l.h.Req())
 	for try := range 2 {
-		res, err := n.apply(ctx, shard, cmd)
+		res, err := n.peer.Apply(ctx, shard, cmd)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +112,7 @@ func TestRetriedReleaseAfterAckMoved(t *testing.T) {
 	done()
 	moveAck()
 	moveAck()
-	res, err := n.apply(ctx, shard, cmd)
+	res, err := n.peer.Apply(ctx, shard, cmd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestRetryableErrors(t *testing.T) {
 		membership.Busy(3, dragonboat.ErrShardClosed),
 		dragonboat.ErrShardNotFound,
 		dragonboat.ErrTimeout,
-		rpcError(lockerr.CodeNotHosted, "moved"),
+		peer.RPCError(lockerr.CodeNotHosted, "moved"),
 	} {
 		if !router.Retryable(err) {
 			t.Errorf("%v: not retryable", err)

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // checker is the protected resource of the cluster tests: per key, it
@@ -142,7 +144,7 @@ func TestMutualExclusion3Peers(t *testing.T) {
 
 func TestMutualExclusion5PeersForwarding(t *testing.T) {
 	peers := startCluster(t, clusterOpts{peers: 5, rf: 3, shards: 4})
-	p := peers[0].node.placement.Load()
+	p := peers[0].node.peer.Placement()
 	forwarding := 0
 	for _, tp := range peers {
 		for _, shard := range p.ShardIDs()[1:] {
@@ -300,7 +302,7 @@ func TestHolderKilledWaiterGetsLockAfterTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	victim.node.kill()
+	victim.node.peer.Kill()
 	// The holder's own view of its lease: until this deadline it could
 	// still believe it holds the lock.
 	deadline := held.h.Session().Deadline()
@@ -310,7 +312,7 @@ func TestHolderKilledWaiterGetsLockAfterTTL(t *testing.T) {
 	}
 	// The deadline is on the holder's clock (internal/clock's Boot), so the
 	// grant is dated on it too, not on Go's.
-	granted, grantedMono := holderClock(victim.node.cfg.clock).Now(), time.Now()
+	granted, grantedMono := peer.HolderClock(victim.node.cfg.clock).Now(), time.Now()
 	if l.Token() <= held.Token() {
 		t.Fatalf("token %d after %d", l.Token(), held.Token())
 	}
@@ -333,9 +335,9 @@ func TestLeaderStoppedUnderLoad(t *testing.T) {
 	best := -1
 	for _, tp := range peers {
 		led := 0
-		for _, shard := range tp.node.placement.Load().ShardIDs() {
-			if id, _, ok, _ := tp.node.nh.GetLeaderID(shard); ok {
-				if pe, _ := tp.node.placement.Load().PeerByReplica(id); pe.Name == tp.cfg.Name {
+		for _, shard := range tp.node.peer.Placement().ShardIDs() {
+			if id, _, ok, _ := tp.node.peer.NodeHost().GetLeaderID(shard); ok {
+				if pe, _ := tp.node.peer.Placement().PeerByReplica(id); pe.Name == tp.cfg.Name {
 					led++
 				}
 			}
@@ -345,7 +347,7 @@ func TestLeaderStoppedUnderLoad(t *testing.T) {
 		}
 	}
 	before := c.grants.Load()
-	victim.node.kill()
+	victim.node.peer.Kill()
 	time.Sleep(4 * time.Second)
 	after := c.grants.Load()
 	cancel()
@@ -385,7 +387,7 @@ func TestRestartKeepsLocksAndTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range peers {
-		p.node.kill()
+		p.node.peer.Kill()
 	}
 	restarted := time.Now()
 	for _, p := range peers {
@@ -429,7 +431,7 @@ func TestLeaseLostClosesDone(t *testing.T) {
 	}
 	// Cut this peer off from everyone: keepalives stop being acknowledged.
 	for _, other := range peers[1:] {
-		other.node.kill()
+		other.node.peer.Kill()
 	}
 	select {
 	case <-l.Done():

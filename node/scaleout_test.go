@@ -131,7 +131,7 @@ func TestScaleOutAndIn(t *testing.T) {
 	t.Logf("peer-9 left in %v", time.Since(started).Round(time.Millisecond))
 	peers = peers[:8]
 	victim := peers[7]
-	victim.node.kill()
+	victim.node.peer.Kill()
 	peers = peers[:7]
 	started = time.Now()
 	st := waitBalanced(t, peers, 60*time.Second)
@@ -176,12 +176,12 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 	late.waitReady(t)
 	all := append(append([]*testPeer(nil), peers...), late)
 	waitBalanced(t, all, 60*time.Second)
-	before := late.node.replicas.Running()
+	before := late.node.peer.Replicas().Running()
 	if len(before) == 0 {
 		t.Fatal("peer-4 was given no replicas")
 	}
 
-	late.node.kill()
+	late.node.peer.Kill()
 	ctx := ctxT(t, 60*time.Second)
 	for {
 		p, err := peers[0].node.readMetaPlacement(ctx)
@@ -208,7 +208,7 @@ func TestDeadPeerReturnsAsNewPeer(t *testing.T) {
 			t.Fatalf("shard %d lists peer-4's old replica %d again", shard, old)
 		}
 	}
-	running := late.node.replicas.Running()
+	running := late.node.peer.Replicas().Running()
 	for shard, id := range running {
 		if before[shard] == id {
 			t.Fatalf("peer-4 runs its old replica %d of shard %d again", id, shard)
@@ -247,7 +247,7 @@ func TestLayoutFollowsRaftMembership(t *testing.T) {
 	// Remove the replica from Raft only.
 	for {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := host.node.nh.SyncRequestDeleteReplica(rctx, shard, victim.ID, 0)
+		err := host.node.peer.NodeHost().SyncRequestDeleteReplica(rctx, shard, victim.ID, 0)
 		cancel()
 		if err == nil {
 			break
@@ -260,7 +260,7 @@ func TestLayoutFollowsRaftMembership(t *testing.T) {
 	t.Logf("removed replica %d (%s) of shard %d from Raft, not from the layout", victim.ID, victim.Peer, shard)
 	for {
 		p, perr := peers[0].node.readMetaPlacement(ctx)
-		m, merr := peers[0].node.membership.Membership(ctx, shard)
+		m, merr := peers[0].node.peer.Membership().Membership(ctx, shard)
 		if perr == nil && merr == nil {
 			r, listed := p.Replica(shard, victim.Peer)
 			stale := listed && r.ID == victim.ID
@@ -295,7 +295,7 @@ func TestStaleLayoutCopiesDoNotFeedEachOther(t *testing.T) {
 	}
 	var outside []*testPeer // the peers hosting no meta replica
 	for _, p := range peers {
-		if _, ok := cur.Replica(metaShardID, p.cfg.Name); !ok {
+		if _, ok := cur.Replica(layout.MetaShard, p.cfg.Name); !ok {
 			outside = append(outside, p)
 		}
 	}
@@ -313,12 +313,12 @@ func TestStaleLayoutCopiesDoNotFeedEachOther(t *testing.T) {
 	stale.Epoch--
 	id := stale.NextReplicaID
 	stale.NextReplicaID += 2
-	stale.Replicas[metaShardID] = []layout.Replica{
+	stale.Replicas[layout.MetaShard] = []layout.Replica{
 		{Peer: outside[0].cfg.Name, ID: id},
 		{Peer: outside[1].cfg.Name, ID: id + 1},
 	}
 	for _, p := range outside {
-		p.node.placement.Store(stale)
+		p.node.peer.SetPlacement(stale)
 	}
 	got, err := outside[0].node.readMetaPlacement(ctx)
 	if err != nil {
@@ -328,9 +328,9 @@ func TestStaleLayoutCopiesDoNotFeedEachOther(t *testing.T) {
 		t.Fatalf("read through a stale copy returned epoch %d (the other stale copy), want >= %d", got.Epoch, cur.Epoch)
 	}
 	for _, p := range outside {
-		for p.node.placement.Load().Epoch < cur.Epoch {
+		for p.node.peer.Placement().Epoch < cur.Epoch {
 			if ctx.Err() != nil {
-				t.Fatalf("%s still has layout epoch %d, want >= %d", p.cfg.Name, p.node.placement.Load().Epoch, cur.Epoch)
+				t.Fatalf("%s still has layout epoch %d, want >= %d", p.cfg.Name, p.node.peer.Placement().Epoch, cur.Epoch)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -348,20 +348,20 @@ func TestPlacementLeaderOfShardsNotHostedHere(t *testing.T) {
 	waitBalanced(t, peers, 60*time.Second)
 	ctx := ctxT(t, 60*time.Second)
 	observer := peers[4]
-	p := observer.node.placement.Load()
+	p := observer.node.peer.Placement()
 	// The observer's hint for a shard it does not host is the leader named
 	// in the last answer to a call on it; a peer with no session there
 	// makes no calls that would refresh it.
 	var departing *testPeer
 	var shard uint64
 	for _, s := range p.ShardIDs() {
-		if observer.node.hostsShard(s) || departing != nil {
+		if observer.node.peer.HostsShard(s) || departing != nil {
 			continue
 		}
 		for _, tp := range peers[:4] {
 			if tp.node.leadsShard(s) {
 				departing, shard = tp, s
-				observer.node.setLeader(s, tp.cfg.Name)
+				observer.node.peer.SetLeader(s, tp.cfg.Name)
 			}
 		}
 	}
@@ -409,31 +409,31 @@ func TestCheckQuorumCountsCaughtUpReplicas(t *testing.T) {
 	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2})
 	ctx := ctxT(t, 30*time.Second)
 	n := peers[0].node
-	p := n.placement.Load()
+	p := n.peer.Placement()
 	// Every shard elects a leader first.
 	waitBalanced(t, peers, 30*time.Second)
 	for _, shard := range p.ShardIDs() {
-		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-4", 1); err != nil {
+		if err := n.peer.Controller().CheckQuorum(ctx, p, shard, "peer-4", 1); err != nil {
 			t.Fatalf("all caught up, adding to shard %d: %v", shard, err)
 		}
-		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-3", -1); err != nil {
+		if err := n.peer.Controller().CheckQuorum(ctx, p, shard, "peer-3", -1); err != nil {
 			t.Fatalf("all caught up, removing from shard %d: %v", shard, err)
 		}
 	}
-	peers[2].node.kill()
+	peers[2].node.peer.Kill()
 	for _, shard := range p.ShardIDs() {
 		// 2 of 3 caught up: enough for 3 members, not for 4.
-		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-4", 1); err == nil {
+		if err := n.peer.Controller().CheckQuorum(ctx, p, shard, "peer-4", 1); err == nil {
 			t.Errorf("shard %d: adding a 4th member with a 3rd one down was allowed", shard)
 		} else {
 			t.Logf("shard %d, add: %v", shard, err)
 		}
-		if err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-2", -1); err == nil {
+		if err := n.peer.Controller().CheckQuorum(ctx, p, shard, "peer-2", -1); err == nil {
 			t.Errorf("shard %d: removing a live member, leaving 1 caught up of 2, was allowed", shard)
 		}
 		// Once the shard has re-elected a leader if peer-3 led it.
 		for {
-			err := n.ctrl.CheckQuorum(ctx, p, shard, "peer-3", -1)
+			err := n.peer.Controller().CheckQuorum(ctx, p, shard, "peer-3", -1)
 			if err == nil {
 				break
 			}

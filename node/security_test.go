@@ -16,6 +16,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/mesh"
 	"github.com/lockmesh/lockmesh/transport"
@@ -191,7 +192,7 @@ func TestSecurityGossipKey(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 		for _, p := range peers {
-			if got := memberNames(p.node.mesh); !slices.Equal(got, insiders) {
+			if got := memberNames(p.node.peer.Mesh()); !slices.Equal(got, insiders) {
 				seen = append(seen, fmt.Sprintf("%s sees %v", p.cfg.Name, got))
 			}
 		}
@@ -212,7 +213,7 @@ func TestSecurityGossipKey(t *testing.T) {
 	t.Cleanup(friend.stop)
 	friend.waitReady(t)
 	pollUntil(t, 5*time.Second, "peer-1 sees friend", func() bool {
-		return slices.Contains(memberNames(peers[0].node.mesh), "friend")
+		return slices.Contains(memberNames(peers[0].node.peer.Mesh()), "friend")
 	})
 	lockAndUnlock(t, friend.node, "gossip/a")
 }
@@ -241,8 +242,8 @@ func TestSecurityRaftTLS(t *testing.T) {
 	// everyLeaderKnown reports whether all of n's replicas know a leader,
 	// which they learn from the leader's first Raft message.
 	everyLeaderKnown := func(n *Node) bool {
-		for _, shard := range n.placement.Load().ShardIDs() {
-			if _, _, ok, err := n.nh.GetLeaderID(shard); err != nil || !ok {
+		for _, shard := range n.peer.Placement().ShardIDs() {
+			if _, _, ok, err := n.peer.NodeHost().GetLeaderID(shard); err != nil || !ok {
 				return false
 			}
 		}
@@ -251,7 +252,7 @@ func TestSecurityRaftTLS(t *testing.T) {
 	// sessionsOn reads n's own replica of shard without going through a
 	// leader (StaleRead): what that replica has applied.
 	sessionsOn := func(n *Node, shard uint64) int {
-		v, err := n.nh.StaleRead(shard, replica.Query{Kind: replica.QuerySessions})
+		v, err := n.peer.NodeHost().StaleRead(shard, replica.Query{Kind: replica.QuerySessions})
 		if err != nil {
 			t.Fatalf("%s: stale read of shard %d: %v", n.Name(), shard, err)
 		}
@@ -285,8 +286,8 @@ func TestSecurityRaftTLS(t *testing.T) {
 		if err != nil {
 			t.Fatalf("peers 1 and 2 are a quorum of every shard, yet: %v", err)
 		}
-		shard := good.placement.Load().ShardOf("raft/a")
-		if !odd.hostsShard(shard) {
+		shard := good.peer.Placement().ShardOf("raft/a")
+		if !odd.peer.HostsShard(shard) {
 			t.Fatalf("peer-3 hosts no replica of shard %d; with RF 3 on 3 peers it must", shard)
 		}
 		// The lock's session is committed, so peer-1's replica applies it
@@ -296,8 +297,8 @@ func TestSecurityRaftTLS(t *testing.T) {
 		// time peer-1 has applied, peer-3 has had every chance to.
 		pollUntil(t, 5*time.Second, "peer-1's replica applies the session", func() bool { return sessionsOn(good, shard) > 0 })
 		time.Sleep(300 * time.Millisecond)
-		for _, s := range odd.placement.Load().ShardIDs() {
-			if _, _, ok, _ := odd.nh.GetLeaderID(s); ok {
+		for _, s := range odd.peer.Placement().ShardIDs() {
+			if _, _, ok, _ := odd.peer.NodeHost().GetLeaderID(s); ok {
 				t.Errorf("peer-3, with a Raft certificate from another CA, knows a leader of shard %d", s)
 			}
 		}
@@ -330,13 +331,13 @@ func TestSecurityRPCTLS(t *testing.T) {
 	joiner.start(t)
 	t.Cleanup(joiner.stop)
 	joiner.waitReady(t)
-	p := joiner.node.placement.Load()
-	if shard := p.ShardOf("rpc/a"); joiner.node.hostsShard(shard) {
+	p := joiner.node.peer.Placement()
+	if shard := p.ShardOf("rpc/a"); joiner.node.peer.HostsShard(shard) {
 		t.Fatalf("joiner hosts shard %d; the test needs it to forward", shard)
 	}
 	lockAndUnlock(t, joiner.node, "rpc/a")
 
-	addr := peers[0].node.rpc.Addr()
+	addr := peers[0].node.peer.RPCAddr()
 	call := func(cfg *tls.Config) ([]byte, error) {
 		c, err := transport.NewClient(transport.Config{TLS: cfg, DialTimeout: time.Second})
 		if err != nil {
@@ -345,7 +346,7 @@ func TestSecurityRPCTLS(t *testing.T) {
 		defer c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		return c.Call(ctx, addr, methodGetPlacement, nil)
+		return c.Call(ctx, addr, peer.MethodGetPlacement, nil)
 	}
 	rootsOnly := ca.Issue("no-client-cert")
 	rootsOnly.Certificates = nil
@@ -380,7 +381,7 @@ func TestSecurityRPCTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := peers[0].node.placement.Load().ClusterID; got.ClusterID != want {
+	if want := peers[0].node.peer.Placement().ClusterID; got.ClusterID != want {
 		t.Fatalf("layout over TLS has cluster %x, want %x", got.ClusterID, want)
 	}
 }

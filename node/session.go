@@ -2,13 +2,10 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/client"
-	"github.com/lockmesh/lockmesh/internal/clock"
-	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
@@ -156,29 +153,30 @@ func (s *Session) TryLock(ctx context.Context, key string, opts ...LockOption) (
 // acquire takes key in s as spec asks; from feature level 3 a refusal
 // names the holders, and a wait that closes a cycle of Sessions is
 // refused (a Session is one thread of control: see WithReentrant).
-func (s *Session) acquire(ctx context.Context, key string, wait bool, spec client.Spec, opts []LockOption) (*Lock, error) {
-	return s.n.observeAcquire(ctx, primitiveOf(spec), wait, key, func(ctx context.Context) (*Lock, error) {
-		return s.acquireObserved(ctx, key, wait, spec, opts)
-	})
-}
-
-// acquireObserved is acquire, inside its span and metrics.
-func (s *Session) acquireObserved(ctx context.Context, key string, wait bool, spec client.Spec, opts []LockOption) (*Lock, error) {
-	spec, err := s.n.spec(spec, opts)
+func (s *Session) acquire(ctx context.Context, key string, wait bool, spec client.Spec, opts []LockOption) (l *Lock, err error) {
+	ctx, call := s.n.obs.startAcquire(ctx, primitiveOf(spec), wait, key)
+	defer func() { call.endLock(ctx, l, err) }()
+	if spec, err = s.n.spec(spec, opts); err != nil {
+		return nil, err
+	}
+	if s.n.peer.ClusterLevel().HasLockFamily() {
+		spec.Flags |= lockfsm.FlagDetail | lockfsm.FlagDeadlock
+	}
+	shard, err := s.n.shardFor(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	if s.n.clusterLevel().HasLockFamily() {
-		spec.Flags |= lockfsm.FlagDetail | lockfsm.FlagDeadlock
-	}
-	l, retry, err := s.n.acquireIn(ctx, key, wait, spec, func(uint64) *client.Session { return s.cs })
+	h, retry, err := s.cs.Acquire(ctx, shard, key, wait, spec)
 	if retry {
 		if err = s.Err(); err == nil {
 			err = fmt.Errorf("%w: session lost", ErrLeaseExpired)
 		}
 		return nil, fmt.Errorf("lock %q: %w", key, err)
 	}
-	return l, err
+	if h == nil {
+		return nil, publicErr(err)
+	}
+	return &Lock{h: h, obs: s.n.obs}, nil
 }
 
 // Close ends the session now: its locks' Done close (ErrSessionClosed),
@@ -197,101 +195,3 @@ func (s *Session) Close(ctx context.Context) error { return s.cs.Close(ctx) }
 // process is about to exit and another will take over. A Close after
 // Orphan still releases the locks at once.
 func (s *Session) Orphan() { s.cs.Orphan() }
-
-// The client side of sessions (internal/client) reaches the cluster
-// through the calls newClient gives it; node keeps the routing.
-
-// newClient builds this node's client side: its sessions, their leases and
-// keepalives, and the waiters of its queued attempts.
-func newClient(n *Node) *client.Client {
-	return client.New(client.Config{
-		Name:         n.cfg.Name,
-		SessionTTL:   n.cfg.SessionTTL,
-		LeaseMargin:  n.cfg.LeaseMargin,
-		CloseTimeout: 20 * n.cfg.RTT,
-		Clock:        holderClock(n.cfg.clock),
-		// Rounds on Go's clock, as before the split: a jump of the lease
-		// clock moves deadlines, not the keepalives that keep them.
-		RoundClock:  clock.System{},
-		Log:         n.log,
-		Apply:       n.clientApply,
-		ApplyGroup:  n.clientApplyGroup,
-		ReadAttempt: n.readAttempt,
-		ReadKey:     n.readKey,
-		// The router is made later, in open; keepalives start after it.
-		KeepAlive: func(ctx context.Context, shard uint64, ids []uint64) ([]uint64, error) {
-			start := time.Now()
-			expired, err := n.router.KeepAlive(ctx, shard, ids)
-			n.obs.keepAliveTimed(shard, start, err)
-			return expired, err
-		},
-		Go:       func(f func(context.Context)) { n.goFunc(func() { f(n.ctx) }) },
-		Stop:     n.ctx.Done(),
-		Level:    n.clusterLevel,
-		OnQueued: n.obs.onQueued,
-		OnLost:   n.obs.onLost,
-	})
-}
-
-// keepAliveLoop runs the client's keepalive loop (internal/client); the
-// router delivers each keepalive to its shard's leader.
-func (n *Node) keepAliveLoop() { n.client.RunKeepAlives(n.ctx) }
-
-// clientApply is apply for the client side, where a test can make the
-// withdrawal of an abandoned attempt fail as one that cannot commit does.
-func (n *Node) clientApply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
-	if cmd.Op == lockfsm.OpCancel && n.hooks.dropCancels != nil && n.hooks.dropCancels() {
-		return lockfsm.Result{}, errors.New("cancel dropped by a test")
-	}
-	res, err := n.apply(ctx, shard, cmd)
-	if err == nil && cmd.Op == lockfsm.OpAcquire && n.hooks.unsafeGrantQueued {
-		res = grantQueued(res)
-	}
-	return res, err
-}
-
-// clientApplyGroup is ApplyGroup for the client side, where a test can
-// break it as clientApply.
-func (n *Node) clientApplyGroup(ctx context.Context, shard uint64, cmds []lockfsm.Command) ([]lockfsm.Result, error) {
-	res, err := n.router.ApplyGroup(ctx, shard, cmds)
-	if err == nil && n.hooks.unsafeGrantQueued {
-		for i := range res {
-			res[i] = grantQueued(res[i])
-		}
-	}
-	return res, err
-}
-
-// grantQueued is testHooks.unsafeGrantQueued's broken reading of an
-// acquire's answer: queued counts as granted.
-func grantQueued(res lockfsm.Result) lockfsm.Result {
-	if res.Status == lockfsm.StatusQueued {
-		res.Status = lockfsm.StatusGranted
-	}
-	return res
-}
-
-// readAttempt reads a lock attempt from the replicated state, for a
-// waiter checking a grant notice.
-func (n *Node) readAttempt(ctx context.Context, shard, session, req uint64) (bool, lockfsm.RequestInfo, error) {
-	a, err := n.read(ctx, shard, replica.Query{Kind: replica.QueryRequest, Session: session, Req: req})
-	return a.SessionFound, a.Request, err
-}
-
-// readKey reads a key's holders and waiters from the replicated state,
-// for a wait that gave up (WaitError).
-func (n *Node) readKey(ctx context.Context, shard uint64, key string) (lockfsm.KeyInfo, bool, error) {
-	a, err := n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKey, Key: key})
-	return a.Key, a.KeyFound, err
-}
-
-// defaultSession returns the node's live default session for shard,
-// starting a new one if there is none or the last was lost.
-func (n *Node) defaultSession(shard uint64) (*client.Session, error) {
-	return n.client.Default(shard)
-}
-
-// closeSessions ends every session of this node, handing their locks to
-// waiters at once; orphaned ones are left to their TTL. Used by Close;
-// bounded by a few RTTs per shard.
-func (n *Node) closeSessions() { n.client.Close(n.ctx) }

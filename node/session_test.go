@@ -11,7 +11,7 @@ import (
 // keysOnShards returns one key on each of two different shards.
 func keysOnShards(t *testing.T, n *Node) (string, string) {
 	t.Helper()
-	p := n.placement.Load()
+	p := n.peer.Placement()
 	first := "k-0"
 	for i := 1; i < 1000; i++ {
 		if k := fmt.Sprintf("k-%d", i); p.ShardOf(k) != p.ShardOf(first) {

@@ -33,7 +33,7 @@ func TestReplicaHaltsOnSnapshotItCannotLoad(t *testing.T) {
 		}
 	}
 	lockUnlock(old, "before")
-	lr, err := old.node.nh.GetLogReader(shard)
+	lr, err := old.node.peer.NodeHost().GetLogReader(shard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,13 +43,13 @@ func TestReplicaHaltsOnSnapshotItCannotLoad(t *testing.T) {
 	// their logs past what it has, so it can only catch up from a
 	// snapshot.
 	old.node.Close()
-	old.hooks.holdSnapshot = 1
+	old.hooks.HoldSnapshot = 1
 	for i := range 5 {
 		lockUnlock(peers[i%2], fmt.Sprintf("while-down-%d", i))
 	}
 	snapshots := map[uint64]bool{}
 	for _, p := range peers[:2] {
-		idx, err := p.node.nh.SyncRequestSnapshot(ctxT(t, 10*time.Second), shard,
+		idx, err := p.node.peer.NodeHost().SyncRequestSnapshot(ctxT(t, 10*time.Second), shard,
 			dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
 		if err != nil {
 			t.Fatalf("%s: snapshot: %v", p.cfg.Name, err)
@@ -58,7 +58,7 @@ func TestReplicaHaltsOnSnapshotItCannotLoad(t *testing.T) {
 	}
 	pollUntil(t, 20*time.Second, "logs compacted past the stopped peer's", func() bool {
 		for _, p := range peers[:2] {
-			lr, err := p.node.nh.GetLogReader(shard)
+			lr, err := p.node.peer.NodeHost().GetLogReader(shard)
 			if err != nil {
 				return false
 			}
@@ -76,11 +76,11 @@ func TestReplicaHaltsOnSnapshotItCannotLoad(t *testing.T) {
 		t.Fatalf("halted with %v (index %d, snapshot %t); want a halt at one of the snapshots %v", he, he.Index, he.Snapshot, snapshots)
 	}
 	for _, p := range peers[:2] {
-		if he := p.node.haltedShard(shard); he != nil {
+		if he := p.node.peer.HaltedShard(shard); he != nil {
 			t.Fatalf("%s halted too: %v", p.cfg.Name, he)
 		}
 	}
-	if !old.node.hostsShard(metaShardID) {
+	if !old.node.peer.HostsShard(layout.MetaShard) {
 		t.Fatal("the peer's meta replica stopped with its lock replica")
 	}
 	for _, p := range peers {
@@ -113,12 +113,12 @@ func TestReplicaHaltsOnSnapshotItCannotLoad(t *testing.T) {
 
 	// Upgraded, the peer loads the snapshot and catches up.
 	old.node.Close()
-	old.hooks.holdSnapshot = 0
+	old.hooks.HoldSnapshot = 0
 	old.start(t)
 	old.waitReady(t)
 	lockUnlock(old, "after-upgrade")
 	waitConverged(t, peers, shard)
-	if he := old.node.haltedShard(shard); he != nil {
+	if he := old.node.peer.HaltedShard(shard); he != nil {
 		t.Fatalf("halted after the upgrade: %v", he)
 	}
 }

@@ -16,5 +16,6 @@ type Stats struct {
 // Stats returns this peer's counters. It is cheap and safe to call at any
 // time, also after Close.
 func (n *Node) Stats() Stats {
-	return Stats{RaftEntries: n.counts.Entries.Load(), Commands: n.counts.Commands.Load()}
+	entries, commands := n.peer.Applied()
+	return Stats{RaftEntries: entries, Commands: commands}
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/release"
 	"github.com/lockmesh/lockmesh/internal/replica"
-	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // Status is one peer's view of the mesh and of the cluster's shards, for
@@ -127,23 +126,20 @@ type LongHold struct {
 	AtLeast bool
 }
 
-// statusPeerTimeout bounds the wait for each peer's answer in Status.
-const statusPeerTimeout = time.Second
-
 // Status reports this peer's view of the mesh and the cluster's shards
 // (see Status). It asks every live peer of the layout for the replicas it
 // runs and how far each has applied, at most a second each, in parallel;
 // a peer that does not answer leaves its replicas not Reported. It fails
 // only when ctx ends or after Close.
 func (n *Node) Status(ctx context.Context) (Status, error) {
-	if n.isClosed() {
+	if n.peer.IsClosed() {
 		return Status{}, ErrClosed
 	}
-	p := n.placement.Load()
+	p := n.peer.Placement()
 	st := Status{Peer: n.cfg.Name, Release: release.Version, Level: uint8(layout.LevelOf(p)), Ready: p != nil}
 	for _, m := range n.Members() {
 		ms := MemberStatus{Member: m}
-		if mm, ok := n.mesh.Member(m.Name); ok {
+		if mm, ok := n.peer.Member(m.Name); ok {
 			ms.Level, ms.NoReplicas = uint8(mm.Meta.MaxLevel), mm.Meta.NoReplicas
 		}
 		st.Members = append(st.Members, ms)
@@ -152,12 +148,12 @@ func (n *Node) Status(ctx context.Context) (Status, error) {
 		return st, ctx.Err()
 	}
 	st.Cluster = p.ClusterID
-	applied := n.askApplied(ctx, p)
+	applied := n.peer.AskApplied(ctx, p)
 	for _, shard := range p.ShardIDs() {
-		if shard == metaShardID {
+		if shard == layout.MetaShard {
 			continue
 		}
-		ss := ShardStatus{Shard: shard, Leader: n.leaderGuess(shard)}
+		ss := ShardStatus{Shard: shard, Leader: n.peer.LeaderGuess(shard)}
 		var most uint64
 		for _, r := range p.Replicas[shard] {
 			rs := ReplicaStatus{Peer: r.Peer, Replica: r.ID, Leader: r.Peer == ss.Leader}
@@ -170,104 +166,13 @@ func (n *Node) Status(ctx context.Context) (Status, error) {
 				ss.Replicas[i].Lag = most - ss.Replicas[i].Applied
 			}
 		}
-		if c, ok := n.localCounts(shard); ok {
+		if c, ok := n.peer.LocalCounts(shard); ok {
 			ss.Counted = true
 			ss.Sessions, ss.Keys, ss.Holders, ss.Waiters = c.Sessions, c.Keys, c.Holders, c.Waiters
 		}
 		st.Shards = append(st.Shards, ss)
 	}
 	return st, ctx.Err()
-}
-
-// askApplied asks every live peer of layout p, this one included, how far
-// its lock replicas have applied: peer -> shard -> index.
-func (n *Node) askApplied(ctx context.Context, p *layout.Placement) map[string]map[uint64]uint64 {
-	out := map[string]map[uint64]uint64{n.cfg.Name: n.appliedIndexes()}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, pe := range p.Peers {
-		if pe.Name == n.cfg.Name {
-			continue
-		}
-		if _, ok := n.rpcAddr(pe.Name); !ok {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, statusPeerTimeout)
-			defer cancel()
-			ps, err := n.membership.Status(cctx, pe.Name)
-			if err != nil || ps.Applied == nil {
-				return
-			}
-			mu.Lock()
-			out[pe.Name] = ps.Applied
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return out
-}
-
-// localShard is a lock shard this peer runs a replica of.
-type localShard struct {
-	shard                uint64
-	leaderKnown, leading bool
-}
-
-// localShards lists the lock shards this peer runs replicas of.
-func (n *Node) localShards() []localShard {
-	if n.replicas == nil {
-		return nil
-	}
-	var out []localShard
-	for shard, id := range n.replicas.Running() {
-		if shard == metaShardID {
-			continue
-		}
-		lid, ok := n.replicas.Leader(shard)
-		out = append(out, localShard{shard: shard, leaderKnown: ok, leading: ok && lid == id})
-	}
-	slices.SortFunc(out, func(a, b localShard) int { return cmp.Compare(a.shard, b.shard) })
-	return out
-}
-
-// localCounts reads the counts of shard's state from this peer's replica
-// as it is (not linearizable); ok is false when it runs none. It costs a
-// pass over the shard's keys.
-func (n *Node) localCounts(shard uint64) (lockfsm.Stats, bool) {
-	if shard == metaShardID || !n.hostsShard(shard) {
-		return lockfsm.Stats{}, false
-	}
-	v, err := n.nh.StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any { return s.Stats() }))
-	if err != nil {
-		return lockfsm.Stats{}, false
-	}
-	st, ok := v.(lockfsm.Stats)
-	return st, ok
-}
-
-// appliedIndexes returns the last applied index of each lock replica this
-// peer runs.
-func (n *Node) appliedIndexes() map[uint64]uint64 {
-	out := map[uint64]uint64{}
-	if n.replicas == nil {
-		return out
-	}
-	for shard := range n.replicas.Running() {
-		if shard == metaShardID {
-			continue
-		}
-		v, err := n.nh.StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any { return s.Index() }))
-		if err != nil {
-			continue
-		}
-		if i, ok := v.(uint64); ok {
-			out[shard] = i
-		}
-	}
-	return out
 }
 
 // MaxTop is the most keys and holds Top returns of each kind.
@@ -285,10 +190,10 @@ func (n *Node) Top(ctx context.Context, k int) (Top, error) {
 	if k < 1 || k > MaxTop {
 		return Top{}, fmt.Errorf("%w: Top of %d; ask for 1 to %d", ErrInvalidArgument, k, MaxTop)
 	}
-	if n.isClosed() {
+	if n.peer.IsClosed() {
 		return Top{}, ErrClosed
 	}
-	p, err := n.waitReady(ctx)
+	p, err := n.peer.WaitReady(ctx)
 	if err != nil {
 		return Top{}, err
 	}
@@ -305,13 +210,13 @@ func (n *Node) Top(ctx context.Context, k int) (Top, error) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, shard := range p.ShardIDs() {
-		if shard == metaShardID {
+		if shard == layout.MetaShard {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a, err := n.router.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryTop, K: k})
+			a, err := n.peer.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryTop, K: k})
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil || a.Top == nil {

@@ -7,25 +7,26 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/clock"
+	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
 // A real peer's holder counts its deadlines on the boot clock, which
 // counts suspended time, and its leader side on Go's monotonic clock,
 // which never runs fast; a test's clock is read by both sides as it is.
 func TestRealPeerHoldsOnTheBootClock(t *testing.T) {
-	if _, ok := holderClock(clock.System{}).(clock.Boot); !ok {
-		t.Fatalf("a real peer's holder clock is %T, want the boot clock", holderClock(clock.System{}))
+	if _, ok := peer.HolderClock(clock.System{}).(clock.Boot); !ok {
+		t.Fatalf("a real peer's holder clock is %T, want the boot clock", peer.HolderClock(clock.System{}))
 	}
 	// The boot clock's times carry no monotonic reading: Go's, which
 	// stops in a suspension, never decides a comparison of two of them.
-	if s := holderClock(clock.System{}).Now().String(); strings.Contains(s, "m=") {
+	if s := peer.HolderClock(clock.System{}).Now().String(); strings.Contains(s, "m=") {
 		t.Fatalf("the holder clock read %s, with a monotonic reading", s)
 	}
 	if s := (clock.System{}).Now().String(); !strings.Contains(s, "m=") {
 		t.Fatalf("the leader clock read %s, without Go's monotonic reading", s)
 	}
 	fc := &faultClock{}
-	if holderClock(fc) != clock.Clock(fc) {
+	if peer.HolderClock(fc) != clock.Clock(fc) {
 		t.Fatal("a test's clock is not the holder's")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/lockmesh/lockmesh/internal/client"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/release"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -83,9 +84,9 @@ var epoch = time.Now()
 
 func sinceEpoch() int64 { return int64(time.Since(epoch)) }
 
-// newTelemetry makes n's instruments from its Config's providers.
-func newTelemetry(n *Node) (*telemetry, error) {
-	mp, tp := n.cfg.MeterProvider, n.cfg.TracerProvider
+// newTelemetry makes a peer's instruments from its Config's providers.
+func newTelemetry(cfg Config) (*telemetry, error) {
+	mp, tp := cfg.MeterProvider, cfg.TracerProvider
 	t := &telemetry{on: mp != nil, traced: tp != nil}
 	if mp == nil {
 		mp = metricnoop.NewMeterProvider()
@@ -177,13 +178,13 @@ func (t *telemetry) register(n *Node) error {
 		}
 		o.ObserveInt64(members, int64(alive), metric.WithAttributes(attribute.String("state", "alive")))
 		o.ObserveInt64(members, int64(failed), metric.WithAttributes(attribute.String("state", "failed")))
-		for _, sh := range n.localShards() {
-			shardAttr := metric.WithAttributes(shardAttribute(sh.shard))
-			o.ObserveInt64(leader, boolInt(sh.leaderKnown), shardAttr)
-			if !sh.leading {
+		for _, sh := range n.peer.LocalShards() {
+			shardAttr := metric.WithAttributes(shardAttribute(sh.Shard))
+			o.ObserveInt64(leader, boolInt(sh.LeaderKnown), shardAttr)
+			if !sh.Leading {
 				continue
 			}
-			c, ok := n.localCounts(sh.shard)
+			c, ok := n.peer.LocalCounts(sh.Shard)
 			if !ok {
 				continue
 			}
@@ -203,8 +204,8 @@ func (t *telemetry) register(n *Node) error {
 	return nil
 }
 
-// close unregisters the callback of the observed metrics.
-func (t *telemetry) close() {
+// Close unregisters the callback of the observed metrics.
+func (t *telemetry) Close() {
 	t.mu.Lock()
 	reg := t.registration
 	t.registration = nil
@@ -283,9 +284,21 @@ type acquireCallKey struct{}
 // skip their spans and timings altogether.
 func (t *telemetry) enabled() bool { return t.on || t.traced }
 
+// The peer reports to its telemetry (internal/peer.Observer).
+var _ peer.Observer = (*telemetry)(nil)
+
+// Tracer is the tracer of lock calls and their proposals.
+func (t *telemetry) Tracer() trace.Tracer { return t.tracer }
+
+// TimesSyncs reports whether a MeterProvider times the Raft log's syncs.
+func (t *telemetry) TimesSyncs() bool { return t.on }
+
 // startAcquire starts observing an acquire of key(s) as primitive. The
 // returned context carries the span and the call.
 func (t *telemetry) startAcquire(ctx context.Context, p primitive, wait bool, keys ...string) (context.Context, *acquireCall) {
+	if !t.enabled() {
+		return ctx, nil // whose end does nothing
+	}
 	c := &acquireCall{t: t, primitive: p, start: time.Now()}
 	attrs := []attribute.KeyValue{attribute.String("lockmesh.primitive", p.String())}
 	if len(keys) == 1 {
@@ -297,8 +310,8 @@ func (t *telemetry) startAcquire(ctx context.Context, p primitive, wait bool, ke
 	return context.WithValue(ctx, acquireCallKey{}, c), c
 }
 
-// onQueued is the client's OnQueued: the acquire of ctx queued.
-func (t *telemetry) onQueued(ctx context.Context) {
+// OnQueued is the client's OnQueued: the acquire of ctx queued.
+func (t *telemetry) OnQueued(ctx context.Context) {
 	c, ok := ctx.Value(acquireCallKey{}).(*acquireCall)
 	if !ok {
 		return
@@ -309,9 +322,24 @@ func (t *telemetry) onQueued(ctx context.Context) {
 	c.span.AddEvent("queued")
 }
 
+// endLock is end of an acquire of one lock, l (nil when it failed).
+func (c *acquireCall) endLock(ctx context.Context, l *Lock, err error) {
+	if c == nil {
+		return
+	}
+	var locks []*Lock
+	if l != nil {
+		locks = []*Lock{l}
+	}
+	c.end(ctx, locks, err)
+}
+
 // end records the acquire's outcome: the granted locks (for their
 // shards and tokens) or the error.
 func (c *acquireCall) end(ctx context.Context, locks []*Lock, err error) {
+	if c == nil {
+		return
+	}
 	now := time.Now()
 	result := resultOf(err)
 	attrs := metric.WithAttributes(attribute.String("primitive", c.primitive.String()), attribute.String("result", result))
@@ -344,21 +372,6 @@ func (c *acquireCall) end(ctx context.Context, locks []*Lock, err error) {
 	c.span.End()
 }
 
-// observeAcquire runs an acquire of key(s) as primitive, observed.
-func (n *Node) observeAcquire(ctx context.Context, p primitive, wait bool, key string, f func(context.Context) (*Lock, error)) (*Lock, error) {
-	if !n.obs.enabled() {
-		return f(ctx)
-	}
-	ctx, call := n.obs.startAcquire(ctx, p, wait, key)
-	l, err := f(ctx)
-	var locks []*Lock
-	if l != nil {
-		locks = []*Lock{l}
-	}
-	call.end(ctx, locks, err)
-	return l, err
-}
-
 // startRelease starts the span of an Unlock or Release of l.
 func (t *telemetry) startRelease(ctx context.Context, name string, l *Lock) (context.Context, trace.Span) {
 	return t.tracer.Start(ctx, name, trace.WithAttributes(
@@ -389,15 +402,15 @@ func leaseLostEvent(span trace.Span, err error) {
 	}
 }
 
-// onLost is the client's OnLost: a session of this peer was lost.
-func (t *telemetry) onLost(shard uint64, locks int, reason string) {
+// OnLost is the client's OnLost: a session of this peer was lost.
+func (t *telemetry) OnLost(shard uint64, locks int, reason string) {
 	attrs := metric.WithAttributes(attribute.String("reason", reason))
 	t.leaseLost.Add(context.Background(), 1, attrs)
 	t.locksLost.Add(context.Background(), int64(locks), attrs)
 }
 
-// onProposed is the router's OnProposed.
-func (t *telemetry) onProposed(shard uint64, forwarded bool, d time.Duration, err error) {
+// OnProposed is the router's OnProposed.
+func (t *telemetry) OnProposed(shard uint64, forwarded bool, d time.Duration, err error) {
 	path := "local"
 	if forwarded {
 		path = "forwarded"
@@ -406,25 +419,29 @@ func (t *telemetry) onProposed(shard uint64, forwarded bool, d time.Duration, er
 		attribute.String("path", path), shardAttribute(shard), attribute.Bool("error", err != nil)))
 }
 
-// onSync is the Raft log's OnSync.
-func (t *telemetry) onSync(d time.Duration) {
+// OnSync is the Raft log's OnSync.
+func (t *telemetry) OnSync(d time.Duration) {
 	t.logSync.Record(context.Background(), d.Seconds())
 }
 
-// onLeaderChange counts a leader change of shard.
-func (t *telemetry) onLeaderChange(shard uint64) {
+// OnLeaderChange counts a leader change of shard.
+func (t *telemetry) OnLeaderChange(shard uint64) {
 	t.leaderChanges.Add(context.Background(), 1, metric.WithAttributes(shardAttribute(shard)))
 }
 
-// keepAliveTimed records the round trip of one keepalive.
-func (t *telemetry) keepAliveTimed(shard uint64, start time.Time, err error) {
+// OnKeepAlive records the round trip of one keepalive.
+func (t *telemetry) OnKeepAlive(shard uint64, start time.Time, err error) {
 	t.keepAlive.Record(context.Background(), time.Since(start).Seconds(), metric.WithAttributes(
 		shardAttribute(shard), attribute.Bool("error", err != nil)))
 }
 
-// startCommit is the commit index shard's local replica recorded when it
+// OnRaftState records the commit index shard's local replica recorded
+// when it started.
+func (t *telemetry) OnRaftState(shard, commit uint64) { t.startCommits.Store(shard, commit) }
+
+// StartCommit is the commit index shard's local replica recorded when it
 // started, 0 if it recorded none (a new replica).
-func (t *telemetry) startCommit(shard uint64) uint64 {
+func (t *telemetry) StartCommit(shard uint64) uint64 {
 	v, _ := t.startCommits.Load(shard)
 	c, _ := v.(uint64)
 	return c

@@ -208,7 +208,7 @@ func TestObservability(t *testing.T) {
 	var trace []sdktrace.ReadOnlySpan
 	for i := 0; i < 50 && trace == nil; i++ {
 		key := fmt.Sprintf("observed/forwarded/%d", i)
-		if leader := n1.leaderGuess(n1.placement.Load().ShardOf(key)); leader == "" || leader == "peer-1" {
+		if leader := n1.peer.LeaderGuess(n1.peer.Placement().ShardOf(key)); leader == "" || leader == "peer-1" {
 			continue
 		}
 		l, err := n1.Lock(ctx, key)

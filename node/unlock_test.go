@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -75,16 +74,11 @@ func TestUnlockWithUnknownOutcomeEndsTheLock(t *testing.T) {
 	}
 }
 
-// leaseTestNode is a Node with just what NewSession's checks need:
-// config, clock, logger and its client side. It is marked closed: it has
-// no cluster. The holder's lease rules are tested without a Node, in
-// internal/client (TestExtendNeverRevivesAPassedDeadline and the others
-// in lease_test.go).
+// leaseTestNode is a Node with just what NewSession's checks need: its
+// config, with c as the clock. It has no cluster and no client side: a
+// NewSession that passed the checks would fail. The holder's lease rules
+// are tested without a Node, in internal/client
+// (TestExtendNeverRevivesAPassedDeadline and the others in lease_test.go).
 func leaseTestNode(c clock.Clock) *Node {
-	cfg := Config{SessionTTL: time.Second, LeaseMargin: 100 * time.Millisecond, clock: c}
-	n := &Node{cfg: cfg, log: slog.New(slog.DiscardHandler)}
-	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.cancel()
-	n.client = newClient(n)
-	return n
+	return &Node{cfg: Config{SessionTTL: time.Second, LeaseMargin: 100 * time.Millisecond, clock: c}}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/level"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
@@ -28,7 +29,7 @@ func TestReplicaStopsOnEntryItCannotDecode(t *testing.T) {
 	p1 := peers[0].node
 	keyOf := func(shard uint64) string {
 		for i := 0; ; i++ {
-			if k := fmt.Sprintf("key-%d", i); p1.placement.Load().ShardOf(k) == shard {
+			if k := fmt.Sprintf("key-%d", i); p1.peer.Placement().ShardOf(k) == shard {
 				return k
 			}
 		}
@@ -53,7 +54,7 @@ func TestReplicaStopsOnEntryItCannotDecode(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		r, err := proposeOnLeader(t, peers, bad, unreadable)
-		if err == nil && r.Value == replica.ResultHalted || p1.haltedShard(bad) != nil {
+		if err == nil && r.Value == replica.ResultHalted || p1.peer.HaltedShard(bad) != nil {
 			break
 		}
 		if err == nil || !router.Retryable(err) || time.Now().After(deadline) {
@@ -95,7 +96,7 @@ func waitHalted(t *testing.T, n *Node, shard uint64) *HaltError {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		if he := n.haltedShard(shard); he != nil && !n.hostsShard(shard) {
+		if he := n.peer.HaltedShard(shard); he != nil && !n.peer.HostsShard(shard) {
 			return he
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -110,10 +111,10 @@ func replicaDigests(t *testing.T, peers []*testPeer, shard uint64) map[string]st
 	t.Helper()
 	out := map[string]string{}
 	for _, p := range peers {
-		if !p.node.hostsShard(shard) {
+		if !p.node.peer.HostsShard(shard) {
 			continue
 		}
-		v, err := p.node.nh.StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any {
+		v, err := p.node.peer.NodeHost().StaleRead(shard, replica.StateReader(func(s *lockfsm.State) any {
 			var b bytes.Buffer
 			_ = s.Save(&b)
 			return b.String()
@@ -159,7 +160,7 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 	peers := startMixedCluster(t, clusterOpts{expect: 3, shards: 2, rf: 3}, "peer", 1)
 	old := peers[2]
 	for _, p := range peers {
-		pl := p.node.placement.Load()
+		pl := p.node.peer.Placement()
 		if layout.LevelOf(pl) != 1 || pl.KeyScheme != layout.KeySchemeWhole {
 			t.Fatalf("%s: cluster formed at level %d with key scheme %d; want 1 and whole keys (peer-3 speaks only 1)", p.cfg.Name, layout.LevelOf(pl), pl.KeyScheme)
 		}
@@ -177,14 +178,14 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(peers[0].node.controlInterval())
+		time.Sleep(peers[0].node.peer.ControlInterval())
 	}
 	for shard := layout.FirstLockShard; shard < layout.FirstLockShard+2; shard++ {
-		if he := old.node.haltedShard(shard); he != nil {
+		if he := old.node.peer.HaltedShard(shard); he != nil {
 			t.Fatalf("the level-1 peer halted at level 1: %v", he)
 		}
 	}
-	if lv := layout.LevelOf(peers[0].node.placement.Load()); lv != 1 {
+	if lv := layout.LevelOf(peers[0].node.peer.Placement()); lv != 1 {
 		t.Fatalf("level raised to %d while a peer speaks only 1", lv)
 	}
 
@@ -213,14 +214,14 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 		t.Fatalf("old replica halted with %v", he)
 	}
 	for _, p := range peers[:2] {
-		if he := p.node.haltedShard(shard); he != nil {
+		if he := p.node.peer.HaltedShard(shard); he != nil {
 			t.Fatalf("%s halted too: %v", p.cfg.Name, he)
 		}
 	}
 	// The old peer still locks keys of that shard, through the others.
 	for i := 0; ; i++ {
 		key := fmt.Sprintf("k-%d", i)
-		if old.node.placement.Load().ShardOf(key) != shard {
+		if old.node.peer.Placement().ShardOf(key) != shard {
 			continue
 		}
 		l, err := old.node.Lock(ctxT(t, 10*time.Second), key)
@@ -233,14 +234,14 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 
 	// Upgrade: the same data dir, the new release.
 	old.node.Close()
-	old.hooks.holdLevel = 0
+	old.hooks.HoldLevel = 0
 	old.start(t)
 	old.waitReady(t)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		raised := true
 		for _, p := range peers {
-			raised = raised && layout.LevelOf(p.node.placement.Load()) == level.Max
+			raised = raised && layout.LevelOf(p.node.peer.Placement()) == level.Max
 		}
 		if raised {
 			break
@@ -250,7 +251,7 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if ks := peers[0].node.placement.Load().KeyScheme; ks != layout.KeySchemeWhole {
+	if ks := peers[0].node.peer.Placement().KeyScheme; ks != layout.KeySchemeWhole {
 		t.Fatalf("the key scheme changed to %d with the level: keys would move between shards", ks)
 	}
 	for _, p := range peers {
@@ -268,7 +269,7 @@ func TestRollingUpgradeFromLevel1(t *testing.T) {
 	}
 	for s := layout.FirstLockShard; s < layout.FirstLockShard+2; s++ {
 		for _, p := range peers {
-			if he := p.node.haltedShard(s); he != nil {
+			if he := p.node.peer.HaltedShard(s); he != nil {
 				t.Fatalf("%s halted after the upgrade: %v", p.cfg.Name, he)
 			}
 		}
@@ -287,7 +288,7 @@ func sessionIDsShown(t *testing.T, n *Node) [2]uint64 {
 		t.Fatal(err)
 	}
 	defer s.Close(ctx)
-	p := n.placement.Load()
+	p := n.peer.Placement()
 	var ids [2]uint64
 	for i, shard := range []uint64{layout.FirstLockShard, layout.FirstLockShard + 1} {
 		key := keyOnShard(p, shard, "sid")
@@ -322,7 +323,7 @@ func keyOnShard(p *layout.Placement, shard uint64, prefix string) string {
 // startMixedCluster forms a cluster of o.expect peers named prefix-1 and
 // on, the last held to feature level hold as a peer of an older release,
 // each with hooks applied, and waits until every one is ready.
-func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold level.Level, hooks ...func(*testHooks)) []*testPeer {
+func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold level.Level, hooks ...func(*peer.Hooks)) []*testPeer {
 	t.Helper()
 	var peers []*testPeer
 	for i := range o.expect {
@@ -332,7 +333,7 @@ func startMixedCluster(t *testing.T, o clusterOpts, prefix string, hold level.Le
 		}
 		peers = append(peers, p)
 	}
-	peers[len(peers)-1].hooks.holdLevel = hold
+	peers[len(peers)-1].hooks.HoldLevel = hold
 	t.Cleanup(func() {
 		for _, p := range peers {
 			p.stop()
@@ -359,7 +360,7 @@ func proposeOnLeader(t *testing.T, peers []*testPeer, shard uint64, data []byte)
 	t.Helper()
 	for _, p := range peers {
 		if p.node.leadsShard(shard) {
-			return p.node.nh.SyncPropose(ctxT(t, 3*time.Second), p.node.nh.GetNoOPSession(shard), data)
+			return p.node.peer.NodeHost().SyncPropose(ctxT(t, 3*time.Second), p.node.peer.NodeHost().GetNoOPSession(shard), data)
 		}
 	}
 	return sm.Result{}, dragonboat.ErrShardNotReady

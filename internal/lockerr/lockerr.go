@@ -35,6 +35,11 @@ var (
 	Deadlock      = errors.New("lockmesh: deadlock")
 	LimitMismatch = errors.New("lockmesh: semaphore limit mismatch")
 	KindMismatch  = errors.New("lockmesh: key is in use as another kind of lock")
+
+	// InvalidConfig and Incompatible are node.ErrInvalidConfig and
+	// node.ErrIncompatible: the running peer (internal/peer) returns them.
+	InvalidConfig = errors.New("lockmesh: invalid config")
+	Incompatible  = errors.New("lockmesh: incompatible version")
 )
 
 // LockedError is a refused try (TryLock, TryRLock, TryAcquire): it wraps

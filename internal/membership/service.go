@@ -78,7 +78,7 @@ type Peer interface {
 }
 
 // Methods are the RPC method numbers a Service's requests travel under.
-// Package node owns the table of methods (node/rpc.go) and dispatches
+// The running peer owns the table of methods (internal/peer/rpc.go) and dispatches
 // these to Serve, apart from Prepare, Commit, Abort and GetPlacement,
 // which ServeBootstrap answers.
 type Methods struct {

@@ -23,9 +23,9 @@ type LockConfig struct {
 	// OnGrant receives the hand-offs an applied entry made (the grants
 	// that passed a key on to a waiter), to deliver them; nil: none.
 	OnGrant func(shard uint64, grants []lockfsm.Grant)
-	// OnApply is node's testHooks.onApply; nil in production.
+	// OnApply is peer.Hooks.OnApply; nil in production.
 	OnApply func(shard, index uint64, grants []lockfsm.Grant)
-	// SkipTermCheck is node's testHooks.unsafeSkipExpiryTerm: every
+	// SkipTermCheck is peer.Hooks.UnsafeSkipExpiryTerm: every
 	// ExpireSession is stamped with the recorded term, so none is ever
 	// refused.
 	SkipTermCheck bool
@@ -35,7 +35,7 @@ type LockConfig struct {
 	MaxFormat byte
 	// MaxSnapshot, when not 0, is the newest snapshot format this replica
 	// loads, older than lockfsm.SnapshotVersion: a peer held back by a test
-	// (node's testHooks.holdSnapshot) to play an older release.
+	// (peer.Hooks.HoldSnapshot) to play an older release.
 	MaxSnapshot byte
 	// SnapshotFormat is the snapshot format to save in: the one of the
 	// cluster's feature level (level.Level.LockSnapshotFormat of the cluster's level),

@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"context"
@@ -7,25 +7,27 @@ import (
 
 	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/level"
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/internal/router"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
-// Commands reach their shards through internal/router (batching,
-// forwarding to the leader's peer, retries, the leader cache). What stays
-// here is the peer's side of it: the local replica the router proposes on
-// (routerHost), and linearizable reads.
+// The routes of commands and reads: the router (internal/router: batching,
+// forwarding to the leader's peer, retries, the leader cache) and the
+// local replica it proposes on and reads through (routerHost).
 
 // routerHost is the peer as internal/router sees it.
-type routerHost struct{ n *Node }
+type routerHost struct{ n *Peer }
+
+var _ router.Host = routerHost{}
 
 func (h routerHost) Placement() *layout.Placement { return h.n.placement.Load() }
-func (h routerHost) Hosts(shard uint64) bool      { return h.n.hostsShard(shard) }
+func (h routerHost) Hosts(shard uint64) bool      { return h.n.HostsShard(shard) }
 func (h routerHost) Addr(name string) (string, bool) {
 	return h.n.rpcAddr(name)
 }
-func (h routerHost) TopLevel() level.Level { return h.n.topLevel() }
+func (h routerHost) TopLevel() level.Level { return h.n.TopLevel() }
 
 func (h routerHost) LocalLeader(shard uint64) (uint64, bool) {
 	id, _, ok, err := h.n.nh.GetLeaderID(shard)
@@ -41,7 +43,7 @@ func (h routerHost) ProposeLocal(ctx context.Context, shard uint64, data []byte)
 	if r.Value == replica.ResultHalted {
 		// The entry committed, but this replica did not apply it: the
 		// outcome is unknown here, and other replicas know it.
-		return nil, fmt.Errorf("%w: %s", ErrReplicaHalted, r.Data)
+		return nil, fmt.Errorf("%w: %s", lockerr.ReplicaHalted, r.Data)
 	}
 	return lockfsm.DecodeResults(r.Data)
 }
@@ -49,7 +51,7 @@ func (h routerHost) ProposeLocal(ctx context.Context, shard uint64, data []byte)
 // ServeKeepAlive serves a keepalive this peer sends to itself: no RPC,
 // and no authorization (the sessions are this peer's own).
 func (h routerHost) ReadLocal(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
-	return h.n.readLocal(ctx, shard, q)
+	return h.n.ReadLocal(ctx, shard, q)
 }
 
 func (h routerHost) ServeKeepAlive(ctx context.Context, req router.KeepAliveRequest) (router.KeepAliveResponse, error) {
@@ -57,30 +59,30 @@ func (h routerHost) ServeKeepAlive(ctx context.Context, req router.KeepAliveRequ
 }
 
 // newRouter starts the router of n's commands.
-func (n *Node) newRouter() *router.Router {
+func (n *Peer) newRouter() *router.Router {
 	return router.New(router.Config{Name: n.cfg.Name, RTT: n.cfg.RTT, Peers: n.peers,
-		ProposeMethod: methodPropose, KeepAliveMethod: methodKeepAlive, ReadMethod: methodRead,
-		Tracer: n.obs.tracer, OnProposed: n.obs.onProposed},
+		ProposeMethod: MethodPropose, KeepAliveMethod: MethodKeepAlive, ReadMethod: MethodRead,
+		Tracer: n.obs.Tracer(), OnProposed: n.obs.OnProposed},
 		routerHost{n})
 }
 
-// apply runs one command on its shard and returns its result, retrying
+// Apply runs one command on its shard and returns its result, retrying
 // unchanged while the outcome is unknown (see router.Router.Apply).
-func (n *Node) apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
+func (n *Peer) Apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
 	return n.router.Apply(ctx, shard, cmd)
 }
 
 // proposalTimeout bounds one try of a proposal or read.
-func (n *Node) proposalTimeout() time.Duration { return n.router.ProposalTimeout() }
+func (n *Peer) proposalTimeout() time.Duration { return n.router.ProposalTimeout() }
 
 // read answers a query linearizably (router.Router.Read).
-func (n *Node) read(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
+func (n *Peer) read(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
 	return n.router.Read(ctx, shard, q)
 }
 
-// readLocal answers q through this peer's replica of shard, with a
+// ReadLocal answers q through this peer's replica of shard, with a
 // ReadIndex round (routerHost.ReadLocal).
-func (n *Node) readLocal(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
+func (n *Peer) ReadLocal(ctx context.Context, shard uint64, q replica.Query) (replica.Answer, error) {
 	// dragonboat needs a deadline on every request.
 	ctx, cancel := context.WithTimeout(ctx, n.proposalTimeout())
 	defer cancel()
@@ -96,9 +98,9 @@ func (n *Node) readLocal(ctx context.Context, shard uint64, q replica.Query) (re
 }
 
 // The leader cache lives in the router.
-func (n *Node) setLeader(shard uint64, name string) { n.router.SetLeader(shard, name) }
+func (n *Peer) SetLeader(shard uint64, name string) { n.router.SetLeader(shard, name) }
 
-// leaderGuess names the peer most likely leading shard: what dragonboat
+// LeaderGuess names the peer most likely leading shard: what dragonboat
 // says locally if this peer hosts a replica, else the last known leader,
 // else "".
-func (n *Node) leaderGuess(shard uint64) string { return n.router.LeaderGuess(shard) }
+func (n *Peer) LeaderGuess(shard uint64) string { return n.router.LeaderGuess(shard) }

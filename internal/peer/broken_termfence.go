@@ -1,5 +1,5 @@
 //go:build lockmesh_broken_termfence
 
-package node
+package peer
 
 func init() { brokenTermFence = true }

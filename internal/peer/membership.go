@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"context"
@@ -9,40 +9,38 @@ import (
 	"github.com/lockmesh/lockmesh/internal/authz"
 	"github.com/lockmesh/lockmesh/internal/controller"
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/membership"
 	"github.com/lockmesh/lockmesh/internal/replica"
 )
 
-// Bootstrap's loop and RPCs, the membership RPCs (both sides), the
-// placement loop that keeps this peer's copy of the layout current, and
-// the body of Leave are internal/membership's Service; the layout controller
-// is its Controller, acting through the Service. What stays here is what
-// they reach of the peer: its RPCs, its state machines, its records and
-// adopt (membershipHost).
+// The peer's membership service (internal/membership) and layout
+// controller (internal/controller), and what they reach of the peer:
+// its RPCs, its state machines, its records and adopt (membershipHost).
 
 // newMembership builds this peer's membership service (internal/membership)
 // over its gossip, replicas and router; start runs its bootstrap and
 // placement loops.
-func (n *Node) newMembership() *membership.Service {
+func (n *Peer) newMembership() *membership.Service {
 	return membership.New(membershipHost{n}, membership.Config{
 		Name:    n.cfg.Name,
 		Applied: n.appliedIndexes,
 		Methods: membership.Methods{
-			Prepare:        methodPrepare,
-			Commit:         methodCommit,
-			Abort:          methodAbort,
-			GetPlacement:   methodGetPlacement,
-			Status:         methodStatus,
-			ConfigChange:   methodConfigChange,
-			TransferLeader: methodTransferLeader,
-			CaughtUp:       methodCaughtUp,
-			SetPlacement:   methodSetPlacement,
-			Membership:     methodMembership,
+			Prepare:        MethodPrepare,
+			Commit:         MethodCommit,
+			Abort:          MethodAbort,
+			GetPlacement:   MethodGetPlacement,
+			Status:         MethodStatus,
+			ConfigChange:   MethodConfigChange,
+			TransferLeader: MethodTransferLeader,
+			CaughtUp:       MethodCaughtUp,
+			SetPlacement:   MethodSetPlacement,
+			Membership:     MethodMembership,
 		},
-		Interval:      n.controlInterval(),
-		TopLevel:      n.topLevel(),
+		Interval:      n.ControlInterval(),
+		TopLevel:      n.TopLevel(),
 		TLS:           n.cfg.TLS,
-		Dial:          n.hooks.rpcDial,
+		Dial:          n.hooks.RPCDial,
 		UnsafeNoAuthz: n.authzOff(),
 		Logger:        n.log,
 
@@ -50,7 +48,7 @@ func (n *Node) newMembership() *membership.Service {
 		Shards:            n.cfg.Shards,
 		ReplicationFactor: n.cfg.ReplicationFactor,
 		BootstrapInterval: max(4*n.cfg.RTT, 100*time.Millisecond),
-		Now:               n.now,
+		Now:               n.Now,
 
 		Mesh:      n.mesh,
 		Replicas:  n.replicas,
@@ -63,22 +61,24 @@ func (n *Node) newMembership() *membership.Service {
 
 // newController builds the layout controller (internal/controller), acting
 // through this peer's membership service; start runs it.
-func (n *Node) newController() *controller.Controller {
+func (n *Peer) newController() *controller.Controller {
 	return controller.New(n.membership, controller.Config{
-		Interval:        n.controlInterval(),
+		Interval:        n.ControlInterval(),
 		RTT:             n.cfg.RTT,
 		ProposalTimeout: n.proposalTimeout(),
 		DeadAfter:       n.cfg.DeadAfter,
-		TopLevel:        n.topLevel(),
-		Now:             n.now,
+		TopLevel:        n.TopLevel(),
+		Now:             n.Now,
 		Logger:          n.log,
 	})
 }
 
-func (n *Node) controlInterval() time.Duration { return max(5*n.cfg.RTT, 100*time.Millisecond) }
+func (n *Peer) ControlInterval() time.Duration { return max(5*n.cfg.RTT, 100*time.Millisecond) }
 
 // membershipHost is what the membership service reaches of its peer.
-type membershipHost struct{ n *Node }
+type membershipHost struct{ n *Peer }
+
+var _ membership.Peer = membershipHost{}
 
 func (h membershipHost) Call(ctx context.Context, name string, method uint8, body []byte) ([]byte, error) {
 	return h.n.callPeerName(ctx, name, method, body)
@@ -104,7 +104,7 @@ func (h membershipHost) ProposeLayout(ctx context.Context, raw []byte) (uint64, 
 		return 0, err
 	}
 	if r.Value == replica.MetaHalted {
-		return 0, fmt.Errorf("%w: %s", ErrReplicaHalted, r.Data)
+		return 0, fmt.Errorf("%w: %s", lockerr.ReplicaHalted, r.Data)
 	}
 	return r.Value, nil
 }
@@ -143,28 +143,23 @@ func (h membershipHost) Adopt(p *layout.Placement) error {
 func (h membershipHost) Go(f func(ctx context.Context)) { h.n.goFunc(func() { f(h.n.ctx) }) }
 
 // callPeerName calls the named peer, or serves the call here.
-func (n *Node) callPeerName(ctx context.Context, name string, method uint8, body []byte) ([]byte, error) {
+func (n *Peer) callPeerName(ctx context.Context, name string, method uint8, body []byte) ([]byte, error) {
 	if name == n.cfg.Name {
 		return n.handle(ctx, method, body)
 	}
 	addr, ok := n.rpcAddr(name)
 	if !ok {
-		return nil, fmt.Errorf("%w: no address for peer %q", ErrUnavailable, name)
+		return nil, fmt.Errorf("%w: no address for peer %q", lockerr.Unavailable, name)
 	}
 	return n.peers.Call(ctx, addr, method, body)
 }
 
-// Leave moves this peer out of the cluster gracefully: it asks for its
-// replicas and leaderships to be moved to other peers, waits until they
-// are (the cluster never drops below the replication factor, so this needs
-// enough other peers), then closes its sessions, handing their locks on,
-// and closes the node. If ctx ends first the peer stays draining and
-// running, and Leave returns an error.
-func (n *Node) Leave(ctx context.Context) error {
-	if n.isClosed() {
-		return ErrClosed
+// Leave moves this peer out of the cluster and closes it (node.Node.Leave).
+func (n *Peer) Leave(ctx context.Context) error {
+	if n.IsClosed() {
+		return lockerr.Closed
 	}
-	if _, err := n.waitReady(ctx); err != nil {
+	if _, err := n.WaitReady(ctx); err != nil {
 		return err
 	}
 	if err := n.membership.Leave(ctx); err != nil {

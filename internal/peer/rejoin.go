@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"slices"
@@ -13,7 +13,7 @@ import (
 const knownPeersEvery = time.Second
 
 // knownPeersLoop keeps the known peers file current.
-func (n *Node) knownPeersLoop() {
+func (n *Peer) knownPeersLoop() {
 	var saved []string
 	n.every(knownPeersEvery, func() {
 		p := n.placement.Load()

@@ -1,11 +1,11 @@
-package node
+package peer
 
 import "github.com/lockmesh/lockmesh/internal/procs"
 
 // hintGOMAXPROCS says once, at start, when a peer hosting replicas runs
 // with fewer Ps than suit it (see internal/procs for why). The library
 // never changes GOMAXPROCS itself: that is the whole process's setting.
-func (n *Node) hintGOMAXPROCS() {
+func (n *Peer) hintGOMAXPROCS() {
 	if n.cfg.NoReplicas {
 		return
 	}

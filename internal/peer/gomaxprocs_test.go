@@ -1,9 +1,11 @@
-package node
+package peer
 
 import (
+	"context"
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/lockmesh/lockmesh/internal/procs"
@@ -18,10 +20,10 @@ func TestHintGOMAXPROCS(t *testing.T) {
 	runtime.GOMAXPROCS(1)
 
 	hints := func(cfg Config) []slog.Record {
-		rec := newLogRecorder()
-		n := &Node{cfg: cfg, log: slog.New(rec)}
+		rec := &records{}
+		n := &Peer{cfg: cfg, log: slog.New(rec)}
 		n.hintGOMAXPROCS()
-		return *rec.records
+		return rec.all
 	}
 
 	t.Setenv("GOMAXPROCS", "")
@@ -51,4 +53,21 @@ func TestHintGOMAXPROCS(t *testing.T) {
 	if got := hints(Config{}); len(got) != 0 {
 		t.Errorf("GOMAXPROCS set in the environment, yet the peer logged %q", got[0].Message)
 	}
+}
+
+// records is a slog.Handler that keeps every record.
+type records struct {
+	mu  sync.Mutex
+	all []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *records) WithGroup(string) slog.Handler            { return r }
+
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.all = append(r.all, rec.Clone())
+	return nil
 }

@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"context"
@@ -30,20 +30,20 @@ func callerOf(ctx context.Context) authz.Caller {
 
 // refused turns an authorization refusal into the error its caller gets:
 // not retryable, naming the rule.
-func (n *Node) refused(err error) error {
+func (n *Peer) refused(err error) error {
 	if err == nil {
 		return nil
 	}
-	return rpcError(codeForbidden, "peer %s: %v", n.cfg.Name, err)
+	return RPCError(codeForbidden, "peer %s: %v", n.cfg.Name, err)
 }
 
 // authzOff reports whether a test switched authorization off (the broken
 // variant the hostile-peer suite must catch).
-func (n *Node) authzOff() bool { return n.hooks.unsafeNoAuthz }
+func (n *Peer) authzOff() bool { return n.hooks.UnsafeNoAuthz }
 
 // checkKnown applies authz.Known: with identity, the caller must be a
 // member of the layout or of the gossip mesh.
-func (n *Node) checkKnown(c authz.Caller) error {
+func (n *Peer) checkKnown(c authz.Caller) error {
 	if n.authzOff() || c.Anonymous() {
 		return nil // nothing to check, and every request passes here
 	}
@@ -83,8 +83,8 @@ func (h routerHost) Authorize(ctx context.Context, shard uint64, cmds []lockfsm.
 // fitsLevel refuses commands that use what the cluster's feature level,
 // as this peer knows it, does not have yet: a replica of an older
 // release would halt on them.
-func (n *Node) fitsLevel(cmds []lockfsm.Command) error {
-	l := n.clusterLevel()
+func (n *Peer) fitsLevel(cmds []lockfsm.Command) error {
+	l := n.ClusterLevel()
 	if l >= level.Family {
 		return nil
 	}
@@ -96,13 +96,13 @@ func (n *Node) fitsLevel(cmds []lockfsm.Command) error {
 	return nil
 }
 
-// shardSessions is the local replica's view of shard's sessions, read
+// ShardSessions is the local replica's view of shard's sessions, read
 // without a Raft round (replica.Sessions), for commands that reach the
 // shard as they were written (proposed over the Raft port): from
 // the level that caps sessions on, their OpenSessions must be marked Capped, as every peer
 // at that level marks them, or they would escape the session caps.
-func (n *Node) shardSessions(shard uint64) authz.Sessions {
-	return replica.Sessions{Shard: shard, Read: n.nh.StaleRead, RequireCapped: n.clusterLevel().CapsSessions()}
+func (n *Peer) ShardSessions(shard uint64) authz.Sessions {
+	return replica.Sessions{Shard: shard, Read: n.nh.StaleRead, RequireCapped: n.ClusterLevel().CapsSessions()}
 }
 
 // knownConn is the RPC server's transport.Config.Known, asked once a
@@ -111,7 +111,7 @@ func (n *Node) shardSessions(shard uint64) authz.Sessions {
 // connections reserved for members, which strangers cannot fill. An
 // address proves nothing (127.0.0.1 is every local process), so the
 // transport never asks without TLS, and nothing here goes by one.
-func (n *Node) knownConn(_ net.Addr, st *tls.ConnectionState) bool {
+func (n *Peer) knownConn(_ net.Addr, st *tls.ConnectionState) bool {
 	if st == nil || len(st.VerifiedChains) == 0 || len(st.PeerCertificates) == 0 {
 		return false
 	}
@@ -124,7 +124,7 @@ func (n *Node) knownConn(_ net.Addr, st *tls.ConnectionState) bool {
 // Raft message (a peer being admitted is listed before it is given
 // replicas; until this peer's copy of the layout lists it, its
 // connections are refused and dragonboat redials).
-func (n *Node) raftMember(names []string) bool {
+func (n *Peer) raftMember(names []string) bool {
 	if n.authzOff() {
 		return true
 	}
@@ -148,7 +148,7 @@ func listsAny(p *layout.Placement, names []string) bool {
 // layoutOwner is gossip's mesh.Config.Bound: the layout binds each member
 // name to one NodeHostID, and Raft messages for that NodeHostID go only to
 // the member of that name, whatever another member gossips.
-func (n *Node) layoutOwner(nodeHostID string) (string, bool) {
+func (n *Peer) layoutOwner(nodeHostID string) (string, bool) {
 	p := n.expectedLayout()
 	if p == nil {
 		return "", false
@@ -164,7 +164,7 @@ func (n *Node) layoutOwner(nodeHostID string) (string, bool) {
 // expectedLayout is the layout the Raft side goes by: this peer's, or
 // before it has one, the layout it is adopting or the plan it promised
 // (its replicas and the founders' talk before placement is set).
-func (n *Node) expectedLayout() *layout.Placement {
+func (n *Peer) expectedLayout() *layout.Placement {
 	if p := n.placement.Load(); p != nil {
 		return p
 	}

@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"context"
@@ -13,33 +13,35 @@ import (
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
-// The leader side of sessions (keepalives served, terms recorded, lapsed
-// sessions expired, grant notices pushed) is internal/leader's; node wires
-// it to the peer: its replicas, proposals and RPC client (leaderHost), the
-// RPC handler that authorizes keepalives and notices before they reach it
-// (handle), and dragonboat's leader changes (leaderListener).
+// The leader side of sessions (internal/leader: keepalives served, terms
+// recorded, lapsed sessions expired, grant notices pushed), wired to the
+// peer: its replicas, proposals and RPC client (leaderHost). The RPC
+// handler authorizes keepalives and notices before they reach it (handle),
+// and dragonboat's leader changes come through leaderListener.
 
-// newLeading builds this node's leader side. It is called before the
+// newLeading builds this peer's leader side. It is called before the
 // replicas start: they report leader changes and grants to it.
-func newLeading(n *Node) *leader.Sessions {
+func newLeading(n *Peer) *leader.Sessions {
 	return leader.New(leader.Config{
 		Name:              n.cfg.Name,
 		SessionTTL:        n.cfg.SessionTTL,
 		RTT:               n.cfg.RTT,
 		ElectionTimeout:   replicas.ElectionRTT * n.cfg.RTT, // every replica's election timeout
-		UnsafeExpireAfter: n.hooks.unsafeExpireAfter,
-		Now:               n.now,
+		UnsafeExpireAfter: n.hooks.UnsafeExpireAfter,
+		Now:               n.Now,
 		Log:               n.log,
 		Waiters:           n.client.Waiters(),
-		NotifyMethod:      methodNotify,
+		NotifyMethod:      MethodNotify,
 	}, leaderHost{n})
 }
 
 // leaderHost is the peer as internal/leader sees it.
-type leaderHost struct{ n *Node }
+type leaderHost struct{ n *Peer }
+
+var _ leader.Host = leaderHost{}
 
 func (h leaderHost) Placement() *layout.Placement { return h.n.placement.Load() }
-func (h leaderHost) Hosts(shard uint64) bool      { return h.n.hostsShard(shard) }
+func (h leaderHost) Hosts(shard uint64) bool      { return h.n.HostsShard(shard) }
 func (h leaderHost) LocalReplica(shard uint64) (uint64, bool) {
 	return h.n.localReplica(shard)
 }
@@ -51,7 +53,7 @@ func (h leaderHost) Addr(name string) (string, bool) {
 	return h.n.rpcAddr(name)
 }
 func (h leaderHost) Apply(ctx context.Context, shard uint64, cmd lockfsm.Command) (lockfsm.Result, error) {
-	return h.n.apply(ctx, shard, cmd)
+	return h.n.Apply(ctx, shard, cmd)
 }
 func (h leaderHost) Call(ctx context.Context, addr string, method uint8, body []byte) ([]byte, error) {
 	return h.n.peers.Call(ctx, addr, method, body)
@@ -60,7 +62,7 @@ func (h leaderHost) Call(ctx context.Context, addr string, method uint8, body []
 // ReadSessions reads shard's sessions through the local replica with a
 // ReadIndex round (rule 1).
 func (h leaderHost) ReadSessions(ctx context.Context, shard uint64) (lease.State, error) {
-	a, err := h.n.readLocal(ctx, shard, replica.Query{Kind: replica.QuerySessions})
+	a, err := h.n.ReadLocal(ctx, shard, replica.Query{Kind: replica.QuerySessions})
 	if err != nil {
 		return lease.State{}, err
 	}

@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"github.com/lockmesh/lockmesh/internal/layout"

@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 // (internal/raftauth through replicas.RaftPeers): the layout says which
 // member hosts a replica, and a Propose that arrives over Raft is
 // authorized by the rules of a proposal forwarded over RPC.
-type raftPeers struct{ n *Node }
+type raftPeers struct{ n *Peer }
 
 var _ replicas.RaftPeers = raftPeers{}
 
@@ -43,8 +43,8 @@ func (r raftPeers) Proposal(c authz.Caller, shard uint64, payload []byte) error 
 		if err != nil {
 			return fmt.Errorf("layout that does not decode: %w", err)
 		}
-		if lvl := layout.LevelOf(next); lvl > n.topLevel() {
-			return fmt.Errorf("layout of feature level %d, above this peer's %d", lvl, n.topLevel())
+		if lvl := layout.LevelOf(next); lvl > n.TopLevel() {
+			return fmt.Errorf("layout of feature level %d, above this peer's %d", lvl, n.TopLevel())
 		}
 		cur := n.expectedLayout()
 		if cur == nil || n.authzOff() {
@@ -55,7 +55,7 @@ func (r raftPeers) Proposal(c authz.Caller, shard uint64, payload []byte) error 
 	if len(payload) > lockfsm.MaxEntrySize {
 		return fmt.Errorf("commands of %d bytes, above %d", len(payload), lockfsm.MaxEntrySize)
 	}
-	if f := n.clusterLevel().CommandFormat(); len(payload) > 0 && payload[0] > f {
+	if f := n.ClusterLevel().CommandFormat(); len(payload) > 0 && payload[0] > f {
 		return fmt.Errorf("command format %d, above the cluster's %d", payload[0], f)
 	}
 	cmds, err := lockfsm.DecodeCommands(payload)
@@ -68,5 +68,5 @@ func (r raftPeers) Proposal(c authz.Caller, shard uint64, payload []byte) error 
 	if n.authzOff() {
 		return nil
 	}
-	return authz.Commands(c, cmds, n.shardSessions(shard))
+	return authz.Commands(c, cmds, n.ShardSessions(shard))
 }

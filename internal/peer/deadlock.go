@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"context"
@@ -16,11 +16,11 @@ import (
 // Cross-shard deadlocks. Each shard refuses a wait that closes a cycle
 // within it (lockfsm.FlagDeadlock); a cycle through keys of two shards is
 // seen by neither. A peer whose Sessions have waited with the flag for
-// deadlockProbe or longer reads every shard's wait graph (QueryWaits, a
+// DeadlockProbe or longer reads every shard's wait graph (QueryWaits, a
 // ReadIndex read through each shard's leader) and plays them together
 // (lockfsm.StuckWaits). For a stuck wait of its own that the play names
 // the victim of its cycle, it reads the graphs a second time, after the
-// first round is complete, and refuses the wait (ErrDeadlock, naming the
+// first round is complete, and refuses the wait (lockerr.Deadlock, naming the
 // cycle) only if the second play names it too and, at every step of the
 // cycle, the key has the same holders, and the same waiters up to the
 // step's waiter, in both rounds. An attempt is waiting, then held, then
@@ -31,16 +31,16 @@ import (
 // cycle change nothing. Every peer picks the same victim from the same
 // graphs, so one wait of a cycle is refused, not one per peer.
 //
-// A wait is refused once it has waited deadlockProbe, within one more
+// A wait is refused once it has waited DeadlockProbe, within one more
 // probe and two rounds of reads: about a second on a healthy cluster,
 // two at most while every shard answers. A shard that does not answer, or
 // whose waiters and holders pass replica.MaxWaitAttempts, puts the check
 // off to the next probe.
-const deadlockProbe = 500 * time.Millisecond
+const DeadlockProbe = 500 * time.Millisecond
 
 // deadlockLoop checks this peer's long flagged waits every deadlockProbe.
-func (n *Node) deadlockLoop() {
-	t := time.NewTicker(deadlockProbe)
+func (n *Peer) deadlockLoop() {
+	t := time.NewTicker(DeadlockProbe)
 	defer t.Stop()
 	for {
 		select {
@@ -54,9 +54,9 @@ func (n *Node) deadlockLoop() {
 
 // checkCrossShard refuses this peer's waits that are the victims of
 // cross-shard cycles, and returns how many it refused.
-func (n *Node) checkCrossShard(ctx context.Context) int {
-	waits := n.client.Waits().Older(time.Now().Add(-deadlockProbe))
-	if len(waits) == 0 || !n.clusterLevel().HasLockFamily() {
+func (n *Peer) checkCrossShard(ctx context.Context) int {
+	waits := n.client.Waits().Older(time.Now().Add(-DeadlockProbe))
+	if len(waits) == 0 || !n.ClusterLevel().HasLockFamily() {
 		return 0
 	}
 	mine := map[client.WaiterKey]bool{}
@@ -105,7 +105,7 @@ func (n *Node) checkCrossShard(ctx context.Context) int {
 // stuckWaits is lockfsm.StuckWaits over graphs other peers answered. It
 // is fuzzed with such graphs (FuzzStuckWaits); should a graph still make
 // it panic, this peer logs it and finds nothing, rather than crash.
-func (n *Node) stuckWaits(graphs []lockfsm.ShardWaits) (stuck []lockfsm.StuckWait) {
+func (n *Peer) stuckWaits(graphs []lockfsm.ShardWaits) (stuck []lockfsm.StuckWait) {
 	defer func() {
 		if r := recover(); r != nil {
 			n.log.Error("the cross-shard deadlock check failed on the shards' wait graphs; no wait refused", "panic", r)
@@ -121,12 +121,12 @@ func waiterOf(st lockfsm.StuckWait) client.WaiterKey {
 
 // readWaitGraphs reads every lock shard's wait graph; ok is false when a
 // shard did not answer or answered only part of its graph.
-func (n *Node) readWaitGraphs(ctx context.Context) (graphs []lockfsm.ShardWaits, ok bool) {
+func (n *Peer) readWaitGraphs(ctx context.Context) (graphs []lockfsm.ShardWaits, ok bool) {
 	p := n.placement.Load()
 	if p == nil {
 		return nil, false
 	}
-	ctx, cancel := context.WithTimeout(ctx, deadlockProbe)
+	ctx, cancel := context.WithTimeout(ctx, DeadlockProbe)
 	defer cancel()
 	var mu sync.Mutex
 	var wg sync.WaitGroup

@@ -1,4 +1,4 @@
-package node
+package peer
 
 import (
 	"github.com/lockmesh/lockmesh/internal/layout"
@@ -6,24 +6,22 @@ import (
 	"github.com/lockmesh/lockmesh/mesh"
 )
 
-// Forming a cluster: the rules and the loop and RPCs that run them are
-// internal/bootstrap's and internal/membership's (forming.go); what stays here is the
-// peer's side of the result: the layout's record in the data dir, the
-// gossip metadata, and why a layout is refused. The record's file is
-// internal/datadir's.
+// The peer's side of forming a cluster (whose rules, loop and RPCs are
+// internal/bootstrap and internal/membership): why it refuses a layout,
+// and what it gossips about itself.
 
 // refuseLayout records why this peer does not adopt the layout, for lock
 // calls waiting for it, and logs it when the reason is new. The bootstrap
 // loop keeps asking for the layout: once the cluster has replaced the old
 // identity and forgotten the name, the layout no longer lists it and the
 // peer is admitted as a new one, with new replica ids.
-func (n *Node) refuseLayout(ie *layout.IdentityError) {
+func (n *Peer) refuseLayout(ie *layout.IdentityError) {
 	if old := n.refusal.Swap(ie); old == nil || *old != *ie {
 		n.log.Error("refusing the cluster layout", "err", ie)
 	}
 }
 
-func (n *Node) localMeta() mesh.Meta {
+func (n *Peer) localMeta() mesh.Meta {
 	if m, ok := n.mesh.Member(n.cfg.Name); ok {
 		return m.Meta
 	}
@@ -32,8 +30,8 @@ func (n *Node) localMeta() mesh.Meta {
 
 // baseMeta is what this peer gossips about itself before it belongs to a
 // cluster.
-func (n *Node) baseMeta() mesh.Meta {
-	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), MinLevel: level.Min, MaxLevel: n.topLevel(), NoReplicas: n.cfg.NoReplicas,
+func (n *Peer) baseMeta() mesh.Meta {
+	m := mesh.Meta{RaftAddr: n.cfg.RaftAddr, RPCAddr: n.rpc.Addr(), MinLevel: level.Min, MaxLevel: n.TopLevel(), NoReplicas: n.cfg.NoReplicas,
 		JoinOnly: n.cfg.BootstrapExpect == 0}
 	if n.nh != nil {
 		m.NodeHostID = n.nh.ID()
