@@ -126,9 +126,10 @@ func TestMetrics(t *testing.T) {
 	}
 
 	// Go's profiles are served next to the metrics: the goroutine dump
-	// names the node's own goroutines.
-	if body := get(t, scraper, "http://"+m1+"/debug/pprof/goroutine?debug=1"); !strings.Contains(body, "lockmesh/lockmesh/node.") {
-		t.Errorf("m1's /debug/pprof/goroutine does not list the node's goroutines:\n%.500s", body)
+	// names the running peer's own goroutines (internal/peer, behind the
+	// node).
+	if body := get(t, scraper, "http://"+m1+"/debug/pprof/goroutine?debug=1"); !strings.Contains(body, "lockmesh/lockmesh/internal/peer.") {
+		t.Errorf("m1's /debug/pprof/goroutine does not list the peer's goroutines:\n%.500s", body)
 	}
 
 	// Every peer: the key nowhere, and every lockmesh_ name one the
