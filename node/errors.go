@@ -59,6 +59,9 @@ var (
 	// no protocol version or feature level in common; the message names
 	// both and which one to upgrade.
 	ErrIncompatible = lockerr.Incompatible
+	// ErrReleased is the cause (context.Cause) of a Lock's Context once the
+	// lock was unlocked or released by its holder.
+	ErrReleased = errors.New("lockmesh: lock released")
 	// ErrStaleToken is returned by Fence.Check for a token lower than one
 	// already seen for the same key.
 	ErrStaleToken = errors.New("lockmesh: stale fencing token")

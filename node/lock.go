@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/lockmesh/lockmesh/internal/client"
@@ -26,6 +27,11 @@ type Lock struct {
 	obs       *telemetry
 	granted   int64
 	primitive primitive
+
+	// onGive are the cancels of this hold's Contexts, run when it is
+	// given up; nil once it was.
+	mu     sync.Mutex
+	onGive []func()
 }
 
 // Key returns the locked key.
@@ -90,6 +96,13 @@ func (l *Lock) give() (last bool, err error) {
 			return false, fmt.Errorf("unlock %q: %w", l.Key(), err)
 		}
 		return false, fmt.Errorf("unlock %q: already unlocked: %w", l.Key(), ErrNotHeld)
+	}
+	l.mu.Lock()
+	cancels := l.onGive
+	l.onGive = nil
+	l.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel()
 	}
 	if !l.h.Leave() {
 		return false, nil
