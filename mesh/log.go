@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // slogWriter turns memberlist's *log.Logger output ("[LEVEL] memberlist: msg")
@@ -18,6 +20,9 @@ type slogWriter struct {
 	// down, so a gossip round in between fails to send on its own closed
 	// socket and logs that at ERROR: expected then, and logged at Debug.
 	closing *atomic.Bool
+	// fallbacks counts probes answered only over TCP (nil: every one is
+	// a warning, as memberlist logs it).
+	fallbacks *probeFallbacks
 }
 
 // Write handles one or more newline-terminated lines. It never fails, so
@@ -39,6 +44,12 @@ func (w slogWriter) Write(p []byte) (int, error) {
 		}
 		if w.closing != nil && w.closing.Load() && strings.Contains(msg, net.ErrClosed.Error()) {
 			level = slog.LevelDebug
+		}
+		if peer, ok := tcpFallback(msg); ok && w.fallbacks != nil && !w.fallbacks.persistent(peer, time.Now()) {
+			// One late UDP ack on a loaded machine: memberlist reached
+			// the peer over TCP. Only a peer whose UDP probes keep
+			// failing points at the network (a firewall dropping UDP).
+			level = slog.LevelInfo
 		}
 		if strings.Contains(msg, ErrIncompatible.Error()) {
 			// Mesh.admit already warned, rate-limited; memberlist repeats
@@ -73,4 +84,50 @@ func parseLogLine(line []byte) (slog.Level, string) {
 	}
 	line = bytes.TrimPrefix(line, []byte("memberlist: "))
 	return level, string(line)
+}
+
+// tcpFallback reports whether msg is memberlist's line for a probe that
+// got no UDP ack but reached the peer over TCP, and names the peer.
+func tcpFallback(msg string) (peer string, ok bool) {
+	rest, ok := strings.CutPrefix(msg, "Was able to connect to ")
+	if !ok {
+		return "", false
+	}
+	peer, _, ok = strings.Cut(rest, " over TCP but UDP probes failed")
+	return peer, ok
+}
+
+// Probes answered only over TCP count as a network problem once a peer
+// has fallbackLimit of them within fallbackWindow: memberlist probes each
+// peer about once per member per second, so a peer whose UDP is dropped
+// gets there within seconds.
+const (
+	fallbackLimit  = 3
+	fallbackWindow = time.Minute
+)
+
+// probeFallbacks keeps, per peer, when its last probes were answered only
+// over TCP.
+type probeFallbacks struct {
+	mu   sync.Mutex
+	seen map[string][]time.Time
+}
+
+// persistent records a TCP-only probe of peer at now and reports whether
+// the peer has had fallbackLimit of them within fallbackWindow.
+func (f *probeFallbacks) persistent(peer string, now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seen == nil {
+		f.seen = map[string][]time.Time{}
+	}
+	recent := append(f.seen[peer], now)
+	for len(recent) > 0 && now.Sub(recent[0]) > fallbackWindow {
+		recent = recent[1:]
+	}
+	if len(recent) > fallbackLimit {
+		recent = recent[len(recent)-fallbackLimit:]
+	}
+	f.seen[peer] = recent
+	return len(recent) >= fallbackLimit
 }

@@ -129,3 +129,44 @@ func TestSendOnClosedSocketWhileClosingIsDebug(t *testing.T) {
 		}
 	}
 }
+
+// A probe answered only over TCP is a late UDP ack, logged at Info, until
+// one peer has had fallbackLimit of them within fallbackWindow: then the
+// network is dropping its UDP, and that is a warning. Each peer counts
+// alone.
+func TestTCPFallbackWarnsOnlyWhenItPersists(t *testing.T) {
+	line := func(peer string) []byte {
+		return []byte("[WARN] memberlist: Was able to connect to " + peer + " over TCP but UDP probes failed, network may be misconfigured\n")
+	}
+	h := &captureHandler{}
+	w := slogWriter{log: slog.New(h), fallbacks: &probeFallbacks{}}
+	for range fallbackLimit - 1 {
+		_, _ = w.Write(line("peer-1"))
+	}
+	_, _ = w.Write(line("peer-2"))
+	for i, r := range h.records {
+		if r.Level != slog.LevelInfo {
+			t.Fatalf("record %d: %v %q, want Info: the fallbacks have not persisted yet", i, r.Level, r.Message)
+		}
+	}
+	_, _ = w.Write(line("peer-1"))
+	if last := h.records[len(h.records)-1]; last.Level != slog.LevelWarn {
+		t.Fatalf("peer-1's fallback number %d within %v: %v, want Warn", fallbackLimit, fallbackWindow, last.Level)
+	}
+
+	// Fallbacks older than the window are forgotten.
+	f := &probeFallbacks{}
+	start := time.Now()
+	for i := range fallbackLimit - 1 {
+		f.persistent("p", start.Add(time.Duration(i)*time.Second))
+	}
+	if f.persistent("p", start.Add(fallbackWindow+time.Hour)) {
+		t.Fatal("fallbacks an hour apart counted as persisting")
+	}
+	// Without a counter every fallback is a warning, as memberlist logs it.
+	h = &captureHandler{}
+	_, _ = (slogWriter{log: slog.New(h)}).Write(line("peer-3"))
+	if len(h.records) != 1 || h.records[0].Level != slog.LevelWarn {
+		t.Fatalf("without a counter: %+v, want one Warn", h.records)
+	}
+}

@@ -172,7 +172,7 @@ func Create(cfg Config) (*Mesh, error) {
 	mc.Alive = admitDelegate{m}
 	mc.Merge = admitDelegate{m}
 	mc.LogOutput = nil
-	mc.Logger = log.New(slogWriter{log: logger, closing: &m.closing}, "", 0)
+	mc.Logger = log.New(slogWriter{log: logger, closing: &m.closing, fallbacks: &probeFallbacks{}}, "", 0)
 
 	inner := cfg.Transport
 	if inner == nil {
