@@ -566,6 +566,12 @@ func (s *ShardSession) attempt(ctx context.Context, keys []string, specs []Spec,
 		results, err = c.cfg.ApplyGroup(ctx, s.shard, cmds)
 	}
 	if err != nil {
+		if wait && ctx.Err() != nil {
+			// ctx ended with the request in flight: it may have queued,
+			// and it gave up waiting as it would have once queued.
+			abandoned, err = s.giveUp(ctx, keys, first)
+			return nil, false, err
+		}
 		abandoned = s.abandon(keys, first)
 		return nil, false, fmt.Errorf("lock %q: %w", keys[0], err)
 	}
@@ -642,13 +648,7 @@ func (s *ShardSession) attempt(ctx context.Context, keys []string, specs []Spec,
 		case <-s.lost:
 			return nil, true, nil
 		case <-ctx.Done():
-			// The withdrawal is recorded before the key is read for the
-			// error, so an acquire of the key through this session
-			// meanwhile waits for it (it would otherwise find its own
-			// attempt in the way).
-			withdrawals := s.startWithdrawal(keys)
-			err := s.waitError(ctx, keys, first)
-			abandoned = s.withdraw(keys, first, withdrawals)
+			abandoned, err = s.giveUp(ctx, keys, first)
 			return nil, false, err
 		case err := <-refused:
 			abandoned = s.abandon(keys, first)
@@ -724,6 +724,18 @@ func refusal(key string, res lockfsm.Result) error {
 // Losing the session closes it on the cluster, which ends the request.
 func (s *ShardSession) abandon(keys []string, first uint64) bool {
 	return s.withdraw(keys, first, s.startWithdrawal(keys))
+}
+
+// giveUp ends the wait of the attempts on keys from first on, whose ctx
+// ended: it withdraws them in the background and returns their
+// *WaitError, and whether they were abandoned (as withdraw says). The withdrawal
+// is recorded before the keys are read for the error, so an acquire of
+// a key through this session meanwhile waits for it (it would otherwise
+// find its own attempt in the way).
+func (s *ShardSession) giveUp(ctx context.Context, keys []string, first uint64) (abandoned bool, err error) {
+	withdrawals := s.startWithdrawal(keys)
+	err = s.waitError(ctx, keys, first)
+	return s.withdraw(keys, first, withdrawals), err
 }
 
 // startWithdrawal records that the attempts on keys are being withdrawn,

@@ -463,3 +463,49 @@ func TestAWaitThatGivesUpSaysWhomItWaitedBehind(t *testing.T) {
 		t.Fatalf("the wait that gave up, unread: %v (%+v), want a WaitError for k wrapping context.Canceled without details", err, we)
 	}
 }
+
+// A wait whose ctx ends while its request is in flight (queued by the
+// cluster, the answer not back yet) gave up waiting too: the same
+// WaitError, for a key as for a group, and its attempts leave the queue.
+func TestAWaitThatGivesUpInFlightSaysWhomItWaitedBehind(t *testing.T) {
+	pc := newPromiseClient(t)
+	a, b := mustSession(t, pc.Client), mustSession(t, pc.Client)
+	holder, _, err := a.Acquire(pc.ctx, 2, "{g}/held", true, detail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := make(chan struct{}, 1)
+	pc.cluster.intercept(func(ctx context.Context, cmds []lockfsm.Command, apply func() []lockfsm.Result) ([]lockfsm.Result, error) {
+		rs := apply()
+		if cmds[0].Op != lockfsm.OpAcquire || rs[len(rs)-1].Status != lockfsm.StatusQueued {
+			return rs, nil
+		}
+		queued <- struct{}{}
+		<-ctx.Done() // the answer is lost on its way back
+		return nil, ctx.Err()
+	})
+	for _, keys := range [][]string{{"{g}/held"}, {"{g}/free", "{g}/held"}} {
+		ctx, stop := context.WithCancel(pc.ctx)
+		done := make(chan error, 1)
+		go func() {
+			var err error
+			if len(keys) == 1 {
+				_, _, err = b.Acquire(ctx, 2, keys[0], true, detail)
+			} else {
+				_, _, err = b.AcquireAll(ctx, 2, keys, []Spec{detail, detail}, true)
+			}
+			done <- err
+		}()
+		<-queued
+		stop()
+		err := <-done
+		we, ok := errors.AsType[*WaitError](err)
+		if !ok || !errors.Is(err, context.Canceled) || we.Key != "{g}/held" || !we.Known || len(we.Holders) != 1 || we.Holders[0].Token != holder.Token() {
+			t.Fatalf("%v gave up in flight: %v (%+v), want a WaitError for {g}/held naming its holder", keys, err, we)
+		}
+		<-pc.bgDone // the withdrawal
+		if info, _, err := pc.cluster.readKey(pc.ctx, 2, "{g}/held"); err != nil || len(info.Waiters) != 0 {
+			t.Fatalf("%v gave up in flight: {g}/held's waiters after the withdrawal: %+v (%v), want none", keys, info.Waiters, err)
+		}
+	}
+}
