@@ -84,6 +84,9 @@ type brokenRules struct {
 	// The cross-shard play takes each shard's session for a thread of
 	// its own, not each Session label: it sees no cycle across shards.
 	crossShardBySession bool
+	// A SetValue of a hold that ended writes over the key's holder now:
+	// a deposed leader's proclamation replaces its successor's.
+	valueUnfenced bool
 }
 
 // canGrant reports whether the attempt at can join k's holders now,

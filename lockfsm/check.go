@@ -148,6 +148,11 @@ func (s *State) Verify() error {
 			return fmt.Errorf("maximum hold %dms kept for (%d,%d), which is not a live attempt", ms, r.session, r.req)
 		}
 	}
+	for r, v := range s.values {
+		if at := s.lookup(r); len(v) == 0 || len(v) > MaxValueLen || at == nil || !at.state.live() {
+			return fmt.Errorf("value of %d bytes kept for (%d,%d), which is not a live attempt or not a value", len(v), r.session, r.req)
+		}
+	}
 	// Every holder and waiter is now known to be a live attempt of a live
 	// session, so the role rules can look them up.
 	for key, k := range s.keys {

@@ -58,7 +58,8 @@ const (
 	tagFlags
 	tagMaxHold
 	tagCapped
-	maxTag = tagCapped
+	tagValue // feature level 4
+	maxTag   = tagValue
 )
 
 // EncodeCommands encodes a batch for one Raft entry in the newest format,
@@ -98,8 +99,11 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 		if c.Op == 0 || c.Op > maxOp {
 			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: %v", i, ErrUnsupported, c.Op)
 		}
-		if format != FormatTagged && c.level3() {
-			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: a Label, Kind, Permits, Group, Flags, MaxHoldMillis or Capped needs format %d, not %d", i, ErrUnsupported, FormatTagged, format)
+		if format != FormatTagged && c.FeatureLevel() >= 3 {
+			return nil, fmt.Errorf("lockfsm: encode commands: command %d: %w: a Label, Kind, Permits, Group, Flags, MaxHoldMillis, Capped or Value needs format %d, not %d", i, ErrUnsupported, FormatTagged, format)
+		}
+		if len(c.Value) > MaxValueLen {
+			return nil, fmt.Errorf("lockfsm: encode commands: command %d: value is %d bytes, longer than MaxValueLen %d", i, len(c.Value), MaxValueLen)
 		}
 		if format == FormatTagged {
 			encodeTagged(e, c)
@@ -114,31 +118,36 @@ func EncodeCommandsFormat(format byte, cmds []Command) ([]byte, error) {
 }
 
 // MinCommandFormat is the oldest command format that can carry cmds:
-// FormatTagged when one uses a field or op of level 3 (a Label, Kind,
-// Permits, Group, Flags, MaxHoldMillis or Capped; ExpireHold), else
-// FormatPositional. A batch is
+// FormatTagged when one uses a field or op of level 3 or above (a Label,
+// Kind, Permits, Group, Flags, MaxHoldMillis, Capped or Value;
+// ExpireHold, SetValue), else FormatPositional. A batch is
 // written in at least this format even by a peer whose view of the
 // cluster's level still says 1: a Label is set only once level 3 is
 // committed (as are the lock family's fields), so every member reads
 // FormatTagged.
 func MinCommandFormat(cmds []Command) byte {
 	for i := range cmds {
-		if cmds[i].level3() {
+		if cmds[i].FeatureLevel() >= 3 {
 			return FormatTagged
 		}
 	}
 	return FormatPositional
 }
 
-// Level3 reports whether c uses a field or op of feature level 3: a peer
-// accepts such a command only in a cluster at level 3 or above, where
-// every replica reads it.
-func (c *Command) Level3() bool { return c.level3() }
-
-// level3 reports whether c uses a field or op of feature level 3, which
-// only FormatTagged carries.
-func (c *Command) level3() bool {
-	return c.Label != 0 || c.Kind != 0 || c.Permits != 0 || c.Group != 0 || c.Flags != 0 || c.MaxHoldMillis != 0 || c.Capped || c.Op > OpLeaderTerm
+// FeatureLevel is the lowest feature level (internal/level) whose
+// replicas all read c: 4 for a Value or a SetValue, 3 for another field
+// or op of the lock family (a Label, Kind, Permits, Group, Flags,
+// MaxHoldMillis or Capped; ExpireHold), else 1. A peer accepts a command
+// only in a cluster at its level or above; only FormatTagged carries
+// those of level 3 and above.
+func (c *Command) FeatureLevel() uint8 {
+	switch {
+	case len(c.Value) > 0 || c.Op >= OpSetValue:
+		return 4
+	case c.Label != 0 || c.Kind != 0 || c.Permits != 0 || c.Group != 0 || c.Flags != 0 || c.MaxHoldMillis != 0 || c.Capped || c.Op > OpLeaderTerm:
+		return 3
+	}
+	return 1
 }
 
 func encodePositional(e *msgpack.Encoder, c *Command) {
@@ -163,6 +172,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 		true, c.Session != 0, c.Req != 0, c.Ack != 0, c.Key != "", c.Wait,
 		c.Limit != 0, c.Target != 0, c.Owner != "", c.TTLMillis != 0, c.Term != 0, c.Label != 0,
 		c.Kind != 0, c.Permits != 0, c.Group != 0, c.Flags != 0, c.MaxHoldMillis != 0, c.Capped,
+		len(c.Value) > 0,
 	} {
 		if present {
 			n++
@@ -205,6 +215,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 		_ = e.EncodeUint(tagCapped)
 		_ = e.EncodeBool(true)
 	}
+	str(tagValue, string(c.Value))
 }
 
 // DecodeCommands decodes what EncodeCommands or EncodeCommandsFormat
@@ -335,6 +346,8 @@ func (d *decoder) tagged(c *Command) {
 			if c.Capped = d.bool("capped"); !c.Capped {
 				d.fail("capped: false is written by leaving the field out")
 			}
+		case tagValue:
+			c.Value = []byte(d.nonempty("value", d.str("value", MaxValueLen)))
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("lockfsm: decode commands: %w: field tag %d at byte %d, written by a newer release: upgrade this peer", ErrUnsupported, tag, d.pos)

@@ -25,13 +25,15 @@ var sampleCommands = []Command{
 	{Op: OpExpireSession, Session: 9, Term: 3, Ack: 1},
 	{Op: OpAcquire, Session: 3, Req: 4, Key: "s", Kind: KindSemaphore, Limit: 9, Permits: 2, Group: 2, Flags: FlagDetail, MaxHoldMillis: 1 << 40},
 	{Op: OpExpireHold, Session: 3, Target: 4, Term: 7},
+	{Op: OpAcquire, Session: 3, Req: 5, Key: "leader", Value: []byte("host-1:8080")},
+	{Op: OpSetValue, Session: 3, Req: 6, Target: 5, Value: []byte{0, 0xff, 'v'}},
 }
 
 func TestCommandsRoundTrip(t *testing.T) {
 	for _, format := range []byte{FormatPositional, FormatTagged} {
 		sampleCommands := sampleCommands
 		if format == FormatPositional { // it has no fields or ops of level 3
-			sampleCommands = slices.DeleteFunc(slices.Clone(sampleCommands), func(c Command) bool { return c.level3() })
+			sampleCommands = slices.DeleteFunc(slices.Clone(sampleCommands), func(c Command) bool { return c.FeatureLevel() >= 3 })
 		}
 		b, err := EncodeCommandsFormat(format, sampleCommands)
 		if err != nil {
@@ -44,7 +46,7 @@ func TestCommandsRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(got, sampleCommands) {
+		if !reflect.DeepEqual(got, sampleCommands) {
 			t.Fatalf("format %d: round trip:\n%+v\n%+v", format, got, sampleCommands)
 		}
 		// Standard msgpack: the library reads what we write.
@@ -226,7 +228,7 @@ func TestDecodeCommandsVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Command{{Op: OpExpireSession, Session: 7}}
-	if !slices.Equal(got, want) {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("decoded %+v, want %+v", got, want)
 	}
 	// An 11-field record is not version 1.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -70,10 +71,10 @@ func TestContentionMatchesAFullListing(t *testing.T) {
 		}
 		for _, k := range []int{1, 3, 10, 1000} {
 			q, h := s.Contention(k)
-			if !slices.Equal(q, wantQ[:min(k, len(wantQ))]) {
+			if !reflect.DeepEqual(q, wantQ[:min(k, len(wantQ))]) {
 				t.Fatalf("seed %d k %d: queues\n%+v\nwant\n%+v", seed, k, q, wantQ[:min(k, len(wantQ))])
 			}
-			if !slices.Equal(h, wantH[:min(k, len(wantH))]) {
+			if !reflect.DeepEqual(h, wantH[:min(k, len(wantH))]) {
 				t.Fatalf("seed %d k %d: holds\n%+v\nwant\n%+v", seed, k, h, wantH[:min(k, len(wantH))])
 			}
 		}

@@ -350,6 +350,7 @@ func TestBrokenFamilyRulesAreCaught(t *testing.T) {
 		"reader joins writer": {readerJoinsWriter: true},
 		"semaphore overfill":  {semaphoreOverfill: true},
 		"group piecemeal":     {groupPiecemeal: true},
+		"value unfenced":      {valueUnfenced: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			for seed := uint64(1); seed <= 200; seed++ {

@@ -90,6 +90,9 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 		if c.Req == 0 {
 			return refuse(invalid("Acquire: request id must be > 0"))
 		}
+		if len(c.Value) > MaxValueLen {
+			return refuse(invalid(fmt.Sprintf("Acquire: value is %d bytes, longer than the limit of %d", len(c.Value), MaxValueLen)))
+		}
 		if c.Req < sess.ack || sess.reqs[c.Req] != nil {
 			return refuse(invalid(fmt.Sprintf("Acquire: group request id %d is used or below the acknowledged id %d", c.Req, sess.ack)))
 		}
@@ -123,7 +126,7 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 	switch {
 	case free:
 		for i := range group {
-			a.s.noteMaxHold(sess.id, &group[i])
+			a.s.noteLive(sess.id, &group[i])
 			a.grant(group[i].Key, keys[i], sess, group[i].Req, ats[i], false)
 			results[i] = Result{Status: StatusGranted, Token: ats[i].token}
 		}
@@ -152,7 +155,7 @@ func (a *applier) acquireGroup(cmds []Command, results []Result) int {
 			}
 		}
 		for i := range group {
-			a.s.noteMaxHold(sess.id, &group[i])
+			a.s.noteLive(sess.id, &group[i])
 			a.enqueue(keys[i], sess, group[i].Req, ats[i])
 			results[i] = Result{Status: StatusQueued}
 		}

@@ -3,6 +3,7 @@ package lockfsm
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"testing"
@@ -10,11 +11,14 @@ import (
 
 // checker applies entries and checks, after each, the invariants of Verify
 // plus what only history shows: tokens strictly increase per key in grant
-// order, across entries.
+// order, across entries, and each holder's and waiter's value is the one
+// its Acquire gave or its last accepted SetValue set.
 type checker struct {
 	s         *State
 	index     uint64
 	lastToken map[string]uint64
+	values    map[ref][]byte // by attempt, as its commands set them
+	set       map[ref]bool   // attempts whose Acquire was answered
 }
 
 func newChecker() *checker { return newCheckerWith(brokenRules{}) }
@@ -23,7 +27,7 @@ func newChecker() *checker { return newCheckerWith(brokenRules{}) }
 func newCheckerWith(broken brokenRules) *checker {
 	s := New()
 	s.broken = broken
-	return &checker{s: s, lastToken: map[string]uint64{}}
+	return &checker{s: s, lastToken: map[string]uint64{}, values: map[ref][]byte{}, set: map[ref]bool{}}
 }
 
 func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
@@ -51,6 +55,9 @@ func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
 		}
 		c.lastToken[g.Key] = g.Token
 	}
+	if err := c.checkValues(cmds, rs); err != nil {
+		return rs, gs, fmt.Errorf("entry %d: %v", c.index, err)
+	}
 	for i, r := range rs {
 		if r.Status < StatusOK || r.Status > StatusSessionLimit {
 			return rs, gs, fmt.Errorf("entry %d: command %d: bad status %d", c.index, i, r.Status)
@@ -61,6 +68,30 @@ func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
 		}
 	}
 	return rs, gs, nil
+}
+
+// checkValues follows the values the entry's commands set, and checks
+// those of every holder and waiter against them.
+func (c *checker) checkValues(cmds []Command, rs []Result) error {
+	for i, cmd := range cmds {
+		switch r := (ref{cmd.Session, cmd.Req}); {
+		case cmd.Op == OpAcquire && !c.set[r] && (rs[i].Status == StatusGranted || rs[i].Status == StatusQueued):
+			c.set[r] = true // a repeat keeps the first one's value
+			c.values[r] = cmd.Value
+		case cmd.Op == OpSetValue && rs[i].Status == StatusOK:
+			c.values[ref{cmd.Session, cmd.Target}] = cmd.Value
+		}
+	}
+	for key, k := range c.s.keys {
+		for _, list := range [2][]ref{k.holders(), k.waiters()} {
+			for _, h := range list {
+				if got, want := c.s.values[h], c.values[h]; !bytes.Equal(got, want) {
+					return fmt.Errorf("key %q: attempt (%d,%d) has value %q, its commands set %q", key, h.session, h.req, got, want)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func snapshot(t testing.TB, s *State) []byte {
@@ -258,9 +289,9 @@ func checkLogWith(t testing.TB, log [][]Command, broken brokenRules) error {
 				return fmt.Errorf("Load of a saved snapshot: %v", err)
 			}
 			restored.index = a.index
-			for k, v := range a.lastToken {
-				restored.lastToken[k] = v
-			}
+			maps.Copy(restored.lastToken, a.lastToken)
+			maps.Copy(restored.values, a.values)
+			maps.Copy(restored.set, a.set)
 			if again := snapshot(t, restored.s); !bytes.Equal(snap, again) {
 				return fmt.Errorf("Save after Load differs")
 			}
@@ -343,6 +374,9 @@ func genFamilyLog(data []byte) [][]Command {
 				if b&0x10 != 0 {
 					c.MaxHoldMillis = 500
 				}
+				if b&0x08 != 0 {
+					c.Value = fmt.Appendf(nil, "v%d.%d", slot, reqs[slot])
+				}
 				entry = append(entry, c)
 			case op < 7: // the leader: a new term, or a hold ended in this term or a stale one
 				if b&1 == 0 {
@@ -363,6 +397,17 @@ func genFamilyLog(data []byte) [][]Command {
 					entry = append(entry, Command{Op: OpAcquire, Session: sess, Req: base + uint64(j), Key: k.key, Wait: wait,
 						Kind: kind, Limit: limit, Permits: permits, Group: uint16(size), Flags: flags})
 				}
+			case op < 10: // set the value of an earlier request, or clear it
+				if reqs[slot] == 0 {
+					continue
+				}
+				target := reqs[slot] - uint64(next())%min(reqs[slot], 4)
+				reqs[slot]++
+				c := Command{Op: OpSetValue, Session: sess, Req: reqs[slot], Target: target}
+				if b&0x08 != 0 {
+					c.Value = fmt.Appendf(nil, "set%d.%d", slot, reqs[slot])
+				}
+				entry = append(entry, c)
 			case op < 13: // release an earlier request
 				if reqs[slot] == 0 {
 					continue

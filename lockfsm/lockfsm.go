@@ -32,9 +32,10 @@ const (
 	// SnapshotVersion is the newest snapshot format, the one Save writes;
 	// Load reads MinVersion to SnapshotVersion. Version 2 added the leader
 	// term, and every feature level reads it; version 3 adds each session's
-	// Label, and a cluster writes it from feature level 3 on (see
-	// SaveFormat and MinSnapshotFormat).
-	SnapshotVersion = 3
+	// Label and the lock family, and a cluster writes it from feature
+	// level 3 on; version 4 adds values, from level 4 on (see SaveFormat
+	// and MinSnapshotFormat).
+	SnapshotVersion = 4
 	// ResultVersion is the newest format of result batches; DecodeResults
 	// reads MinVersion to ResultVersion. Results travel back to the
 	// proposer, which may run an older release than the replica, so
@@ -55,6 +56,8 @@ const (
 	MaxEntrySize = 4 << 20
 	// MaxErrLen is the longest Result.Err the result decoder accepts.
 	MaxErrLen = 1024
+	// MaxValueLen is the longest Command.Value in bytes.
+	MaxValueLen = 1024
 	// MaxSnapshotSize is the largest snapshot Load reads, in bytes (about
 	// 30 million remembered lock attempts). It fits an int on 32-bit targets.
 	MaxSnapshotSize = 1 << 30
@@ -116,10 +119,16 @@ const (
 	// applies only if Term is the recorded leader term, as ExpireSession,
 	// and hands the key on as a release does. Feature level 3.
 	OpExpireHold
+	// OpSetValue replaces the Value of the held attempt (Session,
+	// Target): StatusOK with its token while it holds, StatusNotHeld once
+	// it does not (it never held, or was released, cancelled or ended),
+	// so a holder that lost its key cannot write over its successor's
+	// value. An empty Value clears it. Feature level 4.
+	OpSetValue
 
 	// maxOp is the highest op this release knows; decoders refuse higher
 	// ones with ErrUnsupported.
-	maxOp = OpExpireHold
+	maxOp = OpSetValue
 )
 
 // String returns the op's name, or "Op(n)" for an unknown op.
@@ -141,6 +150,8 @@ func (o Op) String() string {
 		return "LeaderTerm"
 	case OpExpireHold:
 		return "ExpireHold"
+	case OpSetValue:
+		return "SetValue"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -216,6 +227,14 @@ type Command struct {
 	// ended can still have its expiry committed by its successor (a
 	// proposal forwarded or retried after a pause), and it must not count.
 	Term uint64
+
+	// Value is what the attempt's holder says about its hold (Acquire:
+	// kept from the Acquire while the attempt is live, its holder's or
+	// waiter's; SetValue: the held attempt's new one), at most
+	// MaxValueLen bytes. Queries return it with the holder: an
+	// election's leader proclaims itself in it. Empty is none.
+	// FormatTagged only (tag 19), from feature level 4.
+	Value []byte
 }
 
 // Status is the outcome of one command.
@@ -587,6 +606,9 @@ type State struct {
 	// maxHold is the MaxHoldMillis of the live attempts that have one:
 	// few do, so it is kept beside the attempts rather than in each.
 	maxHold map[ref]uint64
+	// values is the Value of the live attempts that have one, kept
+	// beside them for the same reason.
+	values map[ref][]byte
 	// broken is all off outside this package's tests (brokenRules).
 	broken brokenRules
 }
@@ -597,7 +619,7 @@ type ref struct{ session, req uint64 }
 
 // New returns an empty state at index 0 whose first grant gets token 1.
 func New() *State {
-	return &State{sessions: map[uint64]*session{}, owned: map[string]int{}, keys: map[string]*lockKey{}, maxHold: map[ref]uint64{}}
+	return &State{sessions: map[uint64]*session{}, owned: map[string]int{}, keys: map[string]*lockKey{}, maxHold: map[ref]uint64{}, values: map[ref][]byte{}}
 }
 
 // Index returns the index of the last applied entry (0 before any).
@@ -735,6 +757,13 @@ func (a *applier) apply(c *Command) Result {
 		if c.Req == 0 {
 			return invalid("Acquire: request id must be > 0")
 		}
+		if len(c.Value) > MaxValueLen {
+			return invalid(fmt.Sprintf("Acquire: value is %d bytes, longer than the limit of %d", len(c.Value), MaxValueLen))
+		}
+	case OpSetValue:
+		if len(c.Value) > MaxValueLen {
+			return invalid(fmt.Sprintf("SetValue: value is %d bytes, longer than the limit of %d", len(c.Value), MaxValueLen))
+		}
 	case OpRelease, OpCancel, OpExpireSession, OpCloseSession, OpExpireHold:
 	case OpLeaderTerm:
 		return a.leaderTerm(c)
@@ -756,6 +785,8 @@ func (a *applier) apply(c *Command) Result {
 		return a.release(sess, c)
 	case OpCancel:
 		return a.cancel(sess, c)
+	case OpSetValue:
+		return a.setValue(sess, c)
 	case OpExpireSession:
 		if c.Term != a.s.term {
 			return Result{Status: StatusStaleTerm, Err: fmt.Sprintf("ExpireSession: decided in term %d, the shard's leader term is %d", c.Term, a.s.term)}
@@ -839,7 +870,7 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 		a.s.keys[c.Key] = k
 	}
 	if len(k.waiters()) == 0 && a.s.canGrant(k, at) {
-		a.s.noteMaxHold(sess.id, c)
+		a.s.noteLive(sess.id, c)
 		a.grant(c.Key, k, sess, c.Req, at, false)
 		return Result{Status: StatusGranted, Token: at.token}
 	}
@@ -859,17 +890,27 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 			return Result{Status: StatusDeadlock, Err: fmt.Sprintf("Acquire %q: waiting would deadlock: %s", c.Key, why)}
 		}
 	}
-	a.s.noteMaxHold(sess.id, c)
+	a.s.noteLive(sess.id, c)
 	a.enqueue(k, sess, c.Req, at)
 	return Result{Status: StatusQueued}
 }
 
-// noteMaxHold records the MaxHoldMillis of c, a new live attempt of
-// session.
-func (s *State) noteMaxHold(session uint64, c *Command) {
+// noteLive records the MaxHoldMillis and Value of c, a new live attempt
+// of session.
+func (s *State) noteLive(session uint64, c *Command) {
 	if c.MaxHoldMillis != 0 {
 		s.maxHold[ref{session, c.Req}] = c.MaxHoldMillis
 	}
+	if len(c.Value) > 0 {
+		s.values[ref{session, c.Req}] = slices.Clone(c.Value)
+	}
+}
+
+// forgetLive forgets what noteLive recorded of an attempt that is live
+// no longer.
+func (s *State) forgetLive(r ref) {
+	delete(s.maxHold, r)
+	delete(s.values, r)
 }
 
 // repeat answers an Acquire whose attempt exists: a retry.
@@ -955,7 +996,7 @@ func (a *applier) handOff(key string, k *lockKey) {
 
 // unhold removes the held attempt (sess, req) from its key and hands off.
 func (a *applier) unhold(sess *session, req uint64, at *attempt) {
-	delete(a.s.maxHold, ref{sess.id, req})
+	a.s.forgetLive(ref{sess.id, req})
 	k := a.s.keys[at.key]
 	k.dropHolder(sess.id, req)
 	sess.held--
@@ -978,7 +1019,7 @@ func (a *applier) unqueue(sess *session, req uint64, at *attempt) {
 		}
 		k := a.s.keys[m.key]
 		k.unqueue(sess.id, r)
-		delete(a.s.maxHold, ref{sess.id, r})
+		a.s.forgetLive(ref{sess.id, r})
 		sess.waiting--
 		sess.finish(r, m, ReqCancelled)
 		// A waiter leaving frees no capacity, but it may have been the
@@ -1009,6 +1050,30 @@ func (a *applier) release(sess *session, c *Command) Result {
 	default:
 		return Result{Status: StatusNotHeld}
 	}
+}
+
+// setValue replaces the value of the held attempt c.Target, and of no
+// other: a hold that ended cannot write over its successor's.
+func (a *applier) setValue(sess *session, c *Command) Result {
+	at := sess.reqs[c.Target]
+	if at == nil {
+		return Result{Status: StatusNotHeld}
+	}
+	touch(at, c.Req)
+	r := ref{sess.id, c.Target}
+	if at.state != ReqHeld {
+		k := a.s.keys[at.key]
+		if !a.s.broken.valueUnfenced || k == nil || len(k.holders()) == 0 {
+			return Result{Status: StatusNotHeld}
+		}
+		r = k.holders()[0] // broken: over the key's holder now
+	}
+	if len(c.Value) == 0 {
+		delete(a.s.values, r)
+	} else {
+		a.s.values[r] = slices.Clone(c.Value)
+	}
+	return Result{Status: StatusOK, Token: at.token}
 }
 
 func (a *applier) cancel(sess *session, c *Command) Result {
@@ -1057,7 +1122,7 @@ func (a *applier) endSession(sess *session) {
 		if at := sess.reqs[req]; at.state == ReqWaiting {
 			k := a.s.keys[at.key]
 			k.unqueue(sess.id, req)
-			delete(a.s.maxHold, ref{sess.id, req})
+			a.s.forgetLive(ref{sess.id, req})
 			sess.waiting--
 			at.state = ReqCancelled
 			if k.idle() {

@@ -3,6 +3,7 @@ package lockfsm
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -87,7 +88,7 @@ func TestApplyTable(t *testing.T) {
 			one(acq(A, 1, "x", true), granted(1), g("x", A, 1, 1)),
 		}, check: func(t *testing.T, s *State) {
 			info, ok := s.Key("x")
-			if !ok || info.Limit != 1 || len(info.Holders) != 1 || info.Holders[0] != (Holder{Session: A, Req: 1, Token: 1, Owner: "na", Permits: 1}) {
+			if !ok || info.Limit != 1 || len(info.Holders) != 1 || !reflect.DeepEqual(info.Holders[0], Holder{Session: A, Req: 1, Token: 1, Owner: "na", Permits: 1}) {
 				t.Errorf("Key(x) = %+v, %v", info, ok)
 			}
 		}},
@@ -266,7 +267,7 @@ func TestApplyTable(t *testing.T) {
 		}, check: func(t *testing.T, s *State) {
 			info, _ := s.Key("x")
 			want := []Holder{{Session: C, Req: 4, Owner: "nc", Permits: 1}, {Session: B, Req: 3, Owner: "nb", Permits: 1}}
-			if !slices.Equal(info.Waiters, want) {
+			if !reflect.DeepEqual(info.Waiters, want) {
 				t.Errorf("Waiters = %+v, want %+v", info.Waiters, want)
 			}
 		}},

@@ -34,14 +34,17 @@ func (s *State) Request(session, req uint64) (info RequestInfo, sessionFound boo
 }
 
 // Holder is a holder or waiter of a key. Waiters have Token 0. Owner and
-// Label are its session's (Command.Owner and Command.Label); Kind and
-// Permits its attempt's (Permits is 1 but for semaphores).
+// Label are its session's (Command.Owner and Command.Label); Kind,
+// Permits and Value its attempt's (Permits is 1 but for semaphores).
 type Holder struct {
 	Session, Req, Token uint64
 	Owner               string
 	Label               uint64
 	Kind                Kind
 	Permits             uint32
+	// Value is the attempt's Command.Value (feature level 4); the
+	// results of refused acquires (Result.Holders) do not carry it.
+	Value []byte `msgpack:",omitempty"`
 }
 
 // KeyInfo describes a key that is held or waited for.
@@ -83,6 +86,7 @@ func (s *State) holders(slots []ref, max int) []Holder {
 			out[i].Owner, out[i].Label = sess.owner, sess.label
 			if at := sess.reqs[h.req]; at != nil {
 				out[i].Token, out[i].Kind, out[i].Permits = at.token, at.kind, at.permits
+				out[i].Value = s.values[h]
 			}
 		}
 	}

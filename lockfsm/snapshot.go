@@ -11,15 +11,18 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Snapshot format (SnapshotVersion 3, written from feature level 3 on, and
+// Snapshot format (SnapshotVersion 4, written from feature level 4 on, and
 // at any level by a state that holds what only it can carry; see
 // MinSnapshotFormat): the version byte, then one canonical msgpack array
 // (see the wire format in codec.go):
 //
 //	[index, lastToken, term, sessions, keys]
 //	session: [id, owner, ttlMillis, ack, attempts, label]   sessions sorted by id
-//	attempt: [req, key, state, token, last, kind, permits, group, size, deadlock, maxHoldMillis]
+//	attempt: [req, key, state, token, last, kind, permits, group, size, deadlock, maxHoldMillis, value]
 //	                                                 attempts sorted by req
+//
+// Version 3 (feature level 3) attempts end at maxHoldMillis: they load
+// without values.
 //	key:     [key, limit, holders, waiters, role]    keys sorted by bytes
 //	holder:  [session, req, token]                   in grant order
 //	waiter:  [session, req]                          in FIFO order
@@ -39,7 +42,8 @@ const (
 	snapshotFieldsV1 = 4
 	sessionFields    = 6
 	sessionFieldsV2  = 5
-	attemptFields    = 11
+	attemptFields    = 12
+	attemptFieldsV3  = 11
 	attemptFieldsV2  = 5
 	keyFields        = 5
 	keyFieldsV2      = 4
@@ -55,23 +59,27 @@ func (s *State) Save(w io.Writer) error { return s.SaveFormat(w, SnapshotVersion
 // SaveFormat writes the canonical snapshot of the state to w in the given
 // snapshot format: a cluster writes the format its feature level allows, so
 // that every replica it may send the snapshot to can load it. This release
-// writes formats 2 and 3. Format 2 cannot carry session labels or the
-// lock family's state: a state that holds them is refused with ErrVersion, as is any other format, before
-// anything is written (MinSnapshotFormat says which format a state needs).
+// writes formats 2 to 4. Format 2 cannot carry session labels or the
+// lock family's state, format 3 no values: a state that holds them is
+// refused with ErrVersion, as is any other format, before anything is
+// written (MinSnapshotFormat says which format a state needs).
 func (s *State) SaveFormat(w io.Writer, format byte) error {
-	if format != 2 && format != SnapshotVersion {
-		return fmt.Errorf("lockfsm: save snapshot: %w: format %d, this release writes 2 and %d", ErrVersion, format, SnapshotVersion)
+	if format < 2 || format > SnapshotVersion {
+		return fmt.Errorf("lockfsm: save snapshot: %w: format %d, this release writes 2 to %d", ErrVersion, format, SnapshotVersion)
 	}
 	if need := s.MinSnapshotFormat(); format < need {
-		return fmt.Errorf("lockfsm: save snapshot: %w: format %d cannot hold this state's session labels or lock family, which need format %d", ErrVersion, format, need)
+		return fmt.Errorf("lockfsm: save snapshot: %w: format %d cannot hold this state's session labels, lock family or values, which need format %d", ErrVersion, format, need)
 	}
 	bw := bufio.NewWriter(w)
 	if err := bw.WriteByte(format); err != nil {
 		return fmt.Errorf("lockfsm: save snapshot: %w", err)
 	}
 	fields, atFields, kFields := sessionFields, attemptFields, keyFields
-	if format == 2 {
+	switch format {
+	case 2:
 		fields, atFields, kFields = sessionFieldsV2, attemptFieldsV2, keyFieldsV2
+	case 3:
+		atFields = attemptFieldsV3
 	}
 	e := stickyEncoder{e: msgpack.NewEncoder(bw)}
 	e.arrayLen(snapshotFields)
@@ -107,13 +115,16 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 			e.uint(uint64(at.state))
 			e.uint(at.token)
 			e.uint(at.last)
-			if atFields == attemptFields {
+			if atFields >= attemptFieldsV3 {
 				e.uint(uint64(at.kind))
 				e.uint(uint64(at.permits))
 				e.uint(at.first(req) * uint64(min(at.size, 1))) // the group's first request id; 0 for none
 				e.uint(uint64(at.size))
 				e.bool(at.deadlock)
 				e.uint(s.maxHold[ref{sess.id, req}])
+			}
+			if atFields == attemptFields {
+				e.str(string(s.values[ref{sess.id, req}]))
 			}
 		}
 		if fields == sessionFields {
@@ -159,12 +170,16 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 }
 
 // MinSnapshotFormat is the oldest snapshot format that can hold the state:
-// 3 once it holds what only a cluster at feature level 3 writes (a session
-// label, a key of the lock family, an attempt of a group or with the
-// deadlock flag), else 2. A replica writes at least this format even
-// while its own view of the cluster's level still says 2: the entry that
-// made it was proposed at level 3, so every member reads format 3.
+// 4 once it holds a value (feature level 4), 3 once it holds what only a
+// cluster at feature level 3 writes (a session label, a key of the lock
+// family, an attempt of a group or with the deadlock flag), else 2. A
+// replica writes at least this format even while its own view of the
+// cluster's level lags: the entry that made it was proposed at the
+// higher level, so every member reads that format.
 func (s *State) MinSnapshotFormat() byte {
+	if len(s.values) > 0 {
+		return 4
+	}
 	for _, sess := range s.sessions {
 		if sess.label != 0 {
 			return 3
@@ -258,8 +273,11 @@ func decodeSnapshot(b []byte) (*State, error) {
 	}
 
 	sessFields, atFields, kFields := sessionFields, attemptFields, keyFields
-	if d.version < 3 {
+	switch {
+	case d.version < 3:
 		sessFields, atFields, kFields = sessionFieldsV2, attemptFieldsV2, keyFieldsV2
+	case d.version == 3:
+		atFields = attemptFieldsV3
 	}
 	// Smallest session: header, id, owner, ttl, ack, attempts(, label).
 	n, err := d.arrayLen("sessions", sessFields+1)
@@ -295,7 +313,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 			at.state = ReqState(d.uint("state", math.MaxUint8))
 			at.token = d.uint("token", math.MaxUint64)
 			at.last = d.uint("last", math.MaxUint64)
-			if atFields == attemptFields {
+			if atFields >= attemptFieldsV3 {
 				at.kind = Kind(d.uint("kind", math.MaxUint8))
 				at.permits = uint32(d.uint("permits", math.MaxUint32))
 				group := d.uint("group", math.MaxUint64)
@@ -314,6 +332,14 @@ func decodeSnapshot(b []byte) (*State, error) {
 						d.fail("attempt %d: a maximum hold kept for a %v attempt", req, at.state)
 					}
 					s.maxHold[ref{sess.id, req}] = mh
+				}
+			}
+			if atFields == attemptFields {
+				if v := d.str("value", MaxValueLen); v != "" {
+					if !at.state.live() {
+						d.fail("attempt %d: a value kept for a %v attempt", req, at.state)
+					}
+					s.values[ref{sess.id, req}] = []byte(v)
 				}
 			}
 			if d.err != nil {

@@ -28,6 +28,9 @@ type Holder struct {
 	ShardSession, Request uint64
 	// Token is the fencing token of a holder; 0 for waiters.
 	Token uint64
+	// Value is what the holder or waiter attached to its hold (WithValue,
+	// Lock.SetValue, Campaign, Leadership.Proclaim); nil for none.
+	Value []byte
 	// Age is how long ago a holder was granted the key, or a waiter
 	// queued for it, as the replica that answered saw it; 0 when that
 	// replica does not know (it runs a release before ages, or did not see
@@ -90,7 +93,7 @@ func withAges(hs []Holder, ages []replica.Age) []Holder {
 func holders(hs []lockfsm.Holder) []Holder {
 	out := make([]Holder, len(hs))
 	for i, h := range hs {
-		out[i] = Holder{Peer: h.Owner, Session: h.Label, ShardSession: h.Session, Request: h.Req, Token: h.Token}
+		out[i] = Holder{Peer: h.Owner, Session: h.Label, ShardSession: h.Session, Request: h.Req, Token: h.Token, Value: h.Value}
 	}
 	return out
 }

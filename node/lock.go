@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -108,6 +109,29 @@ func (l *Lock) give() (last bool, err error) {
 		return false, nil
 	}
 	return true, nil
+}
+
+// Value returns the value this hold carries: what WithValue gave, or
+// the last SetValue that committed (nil for none).
+func (l *Lock) Value() []byte { return slices.Clone(l.h.Spec().Value) }
+
+// SetValue replaces the value this hold carries (WithValue), for Inspect
+// and Watch to show, once the change commits. It is fenced on the grant:
+// the cluster takes it only while this grant holds the key, so a holder
+// that lost the key never writes over its successor's value. A lock this
+// holder no longer relies on (Done closed: unlocked, or its lease lost)
+// fails with Err's error before anything is sent; one the cluster no
+// longer counts a holder, with ErrNotHeld. A nil or empty v clears the
+// value; a longer one than MaxValueLen is ErrInvalidArgument. Every hold
+// of a reentrant grant shares its value. Needs feature level 4.
+func (l *Lock) SetValue(ctx context.Context, v []byte) error {
+	if err := checkValue("SetValue", v); err != nil {
+		return err
+	}
+	if l.given.Load() {
+		return fmt.Errorf("set the value of %q: %w: this hold was given up", l.Key(), ErrNotHeld)
+	}
+	return l.h.SetValue(ctx, v)
 }
 
 // Permits returns how many permits this grant holds: what Semaphore's

@@ -2,10 +2,12 @@ package node
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/client"
 	"github.com/lockmesh/lockmesh/internal/level"
+	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
 // The options of every lock call (LockOption: WithMaxHold) and the
@@ -22,11 +24,17 @@ import (
 // familyLevel refuses the lock family below feature level 3: a replica
 // of an older release would halt on its commands.
 func (n *Node) familyLevel(what string) error {
-	if n.peer.ClusterLevel().HasLockFamily() {
-		return nil
+	return n.needLevel(level.Family, what)
+}
+
+// needLevel refuses what the cluster's feature level does not have yet:
+// a replica of an older release would halt on its commands.
+func (n *Node) needLevel(l level.Level, what string) error {
+	if cur := n.peer.ClusterLevel(); cur < l {
+		return fmt.Errorf("%w: %s need feature level %d; the cluster runs at %d until every peer is upgraded (see docs/UPGRADING.md)",
+			ErrIncompatible, what, l, cur)
 	}
-	return fmt.Errorf("%w: %s need feature level %d; the cluster runs at %d until every peer is upgraded (see docs/UPGRADING.md)",
-		ErrIncompatible, what, level.Family, n.peer.ClusterLevel())
+	return nil
 }
 
 // LockOption configures one lock call (Lock, TryLock, RLock, Acquire and
@@ -35,6 +43,22 @@ type LockOption func(*lockOptions)
 
 type lockOptions struct {
 	maxHold time.Duration
+	value   []byte
+	valued  bool
+}
+
+// MaxValueLen is the longest value, in bytes, a hold carries (WithValue,
+// Lock.SetValue, Campaign, Leadership.Proclaim).
+const MaxValueLen = lockfsm.MaxValueLen
+
+// WithValue attaches v to the hold the call makes, for as long as it
+// holds or waits: Inspect and Watch show it with the holder (or waiter),
+// and Lock.SetValue replaces it. Say who holds the key and for what (a
+// host and port, a job id), at most MaxValueLen bytes; a longer one fails
+// the call with ErrInvalidArgument. A reentrant re-lock keeps the first
+// lock's value. Needs feature level 4.
+func WithValue(v []byte) LockOption {
+	return func(o *lockOptions) { o.value, o.valued = slices.Clone(v), true }
 }
 
 // MaxHold is the longest maximum hold WithMaxHold accepts.
@@ -61,6 +85,17 @@ func (n *Node) spec(spec client.Spec, opts []LockOption) (client.Spec, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.valued {
+		if err := checkValue("WithValue", o.value); err != nil {
+			return spec, err
+		}
+		if len(o.value) > 0 {
+			if err := n.needLevel(level.Coordination, "values on holds"); err != nil {
+				return spec, err
+			}
+			spec.Value = o.value
+		}
+	}
 	if o.maxHold == 0 {
 		return spec, nil
 	}
@@ -72,4 +107,12 @@ func (n *Node) spec(spec client.Spec, opts []LockOption) (client.Spec, error) {
 	}
 	spec.MaxHold = o.maxHold
 	return spec, nil
+}
+
+// checkValue refuses a value longer than MaxValueLen, naming its size.
+func checkValue(what string, v []byte) error {
+	if len(v) > MaxValueLen {
+		return fmt.Errorf("%w: %s of %d bytes: a value is at most MaxValueLen (%d) bytes", ErrInvalidArgument, what, len(v), MaxValueLen)
+	}
+	return nil
 }

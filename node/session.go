@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/client"
@@ -37,6 +38,9 @@ import (
 type Session struct {
 	n  *Node
 	cs *client.Session // its replicated sessions, leases and end
+
+	mu        sync.Mutex
+	campaigns map[string]bool // the elections it campaigns in (Campaign)
 }
 
 // SessionOption configures NewSession.

@@ -462,3 +462,11 @@ func (w *Waiters) Keys() []WaiterKey {
 	}
 	return out
 }
+
+// level is the cluster's feature level as this peer knows it (Config.Level).
+func (c *Client) level() level.Level {
+	if c.cfg.Level == nil {
+		return level.Positional
+	}
+	return c.cfg.Level()
+}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
@@ -172,10 +173,18 @@ type Spec struct {
 	// cluster ends it then (lockfsm.Command.MaxHoldMillis), and this side
 	// stops relying on it a margin before.
 	MaxHold time.Duration
+	// Value is the attempt's value (lockfsm.Command.Value): its holder's
+	// word on its hold, which reads of the key return.
+	Value []byte
 }
 
-// Spec returns what the grant was asked as.
-func (h *Held) Spec() Spec { return h.spec }
+// Spec returns what the grant was asked as, with the value its last
+// SetValue set.
+func (h *Held) Spec() Spec {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.spec
+}
 
 // Reenter counts one more hold of h by its reentrant Session, and reports
 // false when h has ended or is ending (see ending): the caller then waits
@@ -289,6 +298,42 @@ func (h *Held) AfterDone(f func()) {
 	}
 	h.after = append(h.after, f)
 	h.mu.Unlock()
+}
+
+// SetValue replaces the grant's value in the cluster (lockfsm.OpSetValue),
+// fenced on the grant: the cluster takes it only while this grant holds
+// the key, so a holder that lost it never writes over its successor's
+// value. A lock this side no longer relies on (Done closed) fails with
+// its error, before anything is sent; one the cluster says it no longer
+// holds, with lockerr.NotHeld. The value is what the holder's Spec.Value
+// was at once: the Held's Spec reports it.
+func (h *Held) SetValue(ctx context.Context, v []byte) error {
+	if err := h.Err(); err != nil {
+		return fmt.Errorf("set the value of %q: %w", h.key, err)
+	}
+	s := h.s
+	if l := s.c.level(); !l.HasCoordination() {
+		return fmt.Errorf("set the value of %q: %w: values on holds need feature level %d; the cluster runs at %d until every peer is upgraded (see docs/UPGRADING.md)",
+			h.key, lockerr.Incompatible, level.Coordination, l)
+	}
+	req := s.attempts.Begin()
+	defer s.attempts.Finish(req)
+	v = slices.Clone(v)
+	res, err := s.c.cfg.Apply(ctx, s.shard, lockfsm.Command{Op: lockfsm.OpSetValue, Session: s.id, Req: req, Ack: s.attempts.Ack(), Target: h.req, Value: v})
+	if err != nil {
+		return fmt.Errorf("set the value of %q: %w", h.key, err)
+	}
+	switch res.Status {
+	case lockfsm.StatusOK:
+		h.mu.Lock()
+		h.spec.Value = v
+		h.mu.Unlock()
+		return nil
+	case lockfsm.StatusNotHeld, lockfsm.StatusNoSession:
+		return fmt.Errorf("set the value of %q: %w: the cluster no longer counts this grant (token %d) a holder", h.key, lockerr.NotHeld, h.token)
+	default:
+		return fmt.Errorf("set the value of %q: %s", h.key, Describe(res))
+	}
 }
 
 // heldErr is the error Unlock and Release return for a lock that is no
@@ -546,6 +591,7 @@ func (s *ShardSession) attempt(ctx context.Context, keys []string, specs []Spec,
 			Op: lockfsm.OpAcquire, Session: s.id, Req: req, Ack: s.attempts.Ack(), Key: key, Wait: wait,
 			Kind: sp.Kind, Limit: max(sp.Limit, 1), Permits: sp.Permits, Flags: sp.Flags,
 			MaxHoldMillis: uint64((sp.MaxHold + time.Millisecond - 1) / time.Millisecond), // rounded up: the cluster waits longer
+			Value:         sp.Value,
 		}
 		if sp.Kind == lockfsm.KindRead || sp.Kind == lockfsm.KindWrite {
 			cmds[i].Limit = 0

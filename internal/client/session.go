@@ -273,7 +273,7 @@ func (c *Client) open(ctx sess.Context, owner *Session, shard uint64) (*ShardSes
 	cmd := lockfsm.Command{
 		Op: lockfsm.OpOpenSession, Owner: c.cfg.Name, TTLMillis: uint64((owner.ttl + time.Millisecond - 1) / time.Millisecond),
 	}
-	if c.cfg.Level != nil && c.cfg.Level().LabelsSessions() {
+	if c.level().LabelsSessions() {
 		cmd.Label = owner.label
 	}
 	res, err := c.cfg.Apply(ctx, shard, cmd)

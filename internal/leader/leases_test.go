@@ -3,6 +3,7 @@ package leader
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -113,10 +114,10 @@ func TestExpiryRecordsTheTermThenExpiresLapsedSessions(t *testing.T) {
 	f.h.setState(shard, lease.State{Term: term - 1, Sessions: sessions(1, 2)})
 
 	got := f.expireRound()
-	if want := []proposal{{shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: term}}}; !slices.Equal(got, want) {
+	if want := []proposal{{shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: term}}}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("first round proposed %v, want only LeaderTerm(%d) on shard %d", got, term, shard)
 	}
-	if got := f.expireRound(); !slices.Equal(got, []proposal{{shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: term}}}) {
+	if got := f.expireRound(); !reflect.DeepEqual(got, []proposal{{shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: term}}}) {
 		t.Fatalf("with the term still unrecorded, the next round proposed %v, want LeaderTerm again", got)
 	}
 
@@ -135,7 +136,7 @@ func TestExpiryRecordsTheTermThenExpiresLapsedSessions(t *testing.T) {
 		{shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: 1, Term: term}},
 		{shard, lockfsm.Command{Op: lockfsm.OpExpireSession, Session: 2, Term: term}},
 	}
-	if !slices.Equal(got, want) {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("the round after the TTL proposed %v, want %v", got, want)
 	}
 	if got := f.expireRound(); len(got) != 0 {
@@ -231,7 +232,7 @@ func TestRunRecordsTheTermWhenElected(t *testing.T) {
 	}()
 	f.elect(shard, 2)
 	waitFor(t, "LeaderTerm(2) proposed", func() bool {
-		return slices.Contains(f.h.proposed(), proposal{shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 2}})
+		return slices.ContainsFunc(f.h.proposed(), func(p proposal) bool { return reflect.DeepEqual(p, proposal{shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 2}}) })
 	})
 	cancel()
 	<-ran
@@ -254,7 +255,7 @@ func TestExpiryEndsHoldsAtTheirMaximum(t *testing.T) {
 	}
 	f.clock.set(t0.Add(1500 * time.Millisecond))
 	want := []proposal{{shard, lockfsm.Command{Op: lockfsm.OpExpireHold, Session: 1, Target: 3, Term: term}}}
-	if got := f.expireRound(); !slices.Equal(got, want) {
+	if got := f.expireRound(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("the round at the maximum proposed %v, want %v", got, want)
 	}
 	if got := f.expireRound(); len(got) != 0 {

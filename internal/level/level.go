@@ -70,12 +70,19 @@ const (
 	//     was first applied. An entry proposed over the Raft port must come
 	//     marked (internal/authz).
 	Family Level = 3
+
+	// Coordination (4), release 0.3.0:
+	//   - a lock attempt carries its holder's value (lockfsm.Command.Value,
+	//     tag 19) and a holder replaces it with OpSetValue, fenced on its
+	//     hold: elections proclaim their leaders in it;
+	//   - lock snapshots keep the values (format 4).
+	Coordination Level = 4
 )
 
 // Min and Max are the oldest and newest levels this release speaks.
 const (
 	Min = Positional
-	Max = Family
+	Max = Coordination
 )
 
 // Of reads a level as a layout records it: 0, from layouts written before
@@ -99,10 +106,14 @@ func (l Level) CommandFormat() byte {
 
 // LockSnapshotFormat is the lock snapshot format a cluster at l writes.
 // Snapshot format 2 came with command format 2, so every release reads
-// it; format 3 (session labels) came with Family. A replica writes at
-// least what its state needs (lockfsm.MinSnapshotFormat).
+// it; format 3 (session labels) came with Family, format 4 (values) with
+// Coordination. A replica writes at least what its state needs
+// (lockfsm.MinSnapshotFormat).
 func (l Level) LockSnapshotFormat() byte {
-	if l >= Family {
+	switch {
+	case l >= Coordination:
+		return 4
+	case l >= Family:
 		return 3
 	}
 	return 2
@@ -138,6 +149,11 @@ func (l Level) CarriesTraces() bool { return l >= Family }
 // CapsSessions reports whether every OpenSession written at l is marked
 // Capped, so that the state machine enforces the session caps on apply.
 func (l Level) CapsSessions() bool { return l >= Family }
+
+// HasCoordination reports whether lock attempts may carry values and
+// holders replace them (lockfsm.Command.Value, OpSetValue) at l: what
+// elections and values on locks are made of.
+func (l Level) HasCoordination() bool { return l >= Coordination }
 
 // ReportsApplied reports whether peers' statuses carry their applied
 // indexes at l.

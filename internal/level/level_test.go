@@ -21,7 +21,8 @@ func TestFormatsAreTheirPackagesConstants(t *testing.T) {
 	}{
 		{level.Positional, lockfsm.FormatPositional, 2, layout.KeySchemeWhole},
 		{level.Tagged, lockfsm.FormatTagged, 2, layout.KeySchemeHashTag},
-		{level.Family, lockfsm.FormatTagged, lockfsm.SnapshotVersion, layout.KeySchemeHashTag},
+		{level.Family, lockfsm.FormatTagged, 3, layout.KeySchemeHashTag},
+		{level.Coordination, lockfsm.FormatTagged, lockfsm.SnapshotVersion, layout.KeySchemeHashTag},
 	} {
 		if got := tc.l.CommandFormat(); got != tc.command {
 			t.Errorf("level %d: command format %d, want %d", tc.l, got, tc.command)
@@ -32,6 +33,11 @@ func TestFormatsAreTheirPackagesConstants(t *testing.T) {
 		if got := layout.KeySchemeFor(tc.l); got != tc.scheme {
 			t.Errorf("level %d: key scheme %d, want %d", tc.l, got, tc.scheme)
 		}
+	}
+	// A command's FeatureLevel names a level, and the newest it names is
+	// the newest level.
+	if got := (&lockfsm.Command{Op: lockfsm.OpSetValue}).FeatureLevel(); level.Level(got) != level.Coordination || level.Max != level.Coordination {
+		t.Errorf("SetValue needs level %d, the newest level is %d, want both %d", got, level.Max, level.Coordination)
 	}
 	if level.Max.CommandFormat() != lockfsm.Version {
 		t.Errorf("the newest level writes command format %d, lockfsm's newest is %d", level.Max.CommandFormat(), lockfsm.Version)
@@ -45,12 +51,13 @@ func TestPredicatesHoldFromTheirLevelOn(t *testing.T) {
 		f    func(level.Level) bool
 		from level.Level
 	}{
-		"HashesTags":     {level.Level.HashesTags, level.Tagged},
-		"LabelsSessions": {level.Level.LabelsSessions, level.Family},
-		"HasLockFamily":  {level.Level.HasLockFamily, level.Family},
-		"CarriesTraces":  {level.Level.CarriesTraces, level.Family},
-		"CapsSessions":   {level.Level.CapsSessions, level.Family},
-		"ReportsApplied": {level.Level.ReportsApplied, level.Family},
+		"HashesTags":      {level.Level.HashesTags, level.Tagged},
+		"LabelsSessions":  {level.Level.LabelsSessions, level.Family},
+		"HasLockFamily":   {level.Level.HasLockFamily, level.Family},
+		"CarriesTraces":   {level.Level.CarriesTraces, level.Family},
+		"CapsSessions":    {level.Level.CapsSessions, level.Family},
+		"ReportsApplied":  {level.Level.ReportsApplied, level.Family},
+		"HasCoordination": {level.Level.HasCoordination, level.Coordination},
 	}
 	for name, p := range preds {
 		for l := level.Min; l <= level.Max+1; l++ {

@@ -85,12 +85,12 @@ func (h routerHost) Authorize(ctx context.Context, shard uint64, cmds []lockfsm.
 // release would halt on them.
 func (n *Peer) fitsLevel(cmds []lockfsm.Command) error {
 	l := n.ClusterLevel()
-	if l >= level.Family {
+	if l >= level.Max {
 		return nil
 	}
 	for i := range cmds {
-		if cmds[i].Level3() {
-			return fmt.Errorf("%w: %s uses feature level 3; the cluster is at level %d, which not every replica may read", authz.ErrForbidden, cmds[i].Op, l)
+		if need := level.Level(cmds[i].FeatureLevel()); need > l {
+			return fmt.Errorf("%w: %s uses feature level %d; the cluster is at level %d, which not every replica may read", authz.ErrForbidden, cmds[i].Op, need, l)
 		}
 	}
 	return nil

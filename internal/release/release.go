@@ -17,22 +17,22 @@ package release
 import "github.com/lockmesh/lockmesh/internal/level"
 
 // Version names the release this tree builds. Release numbers start with
-// this record: fc10b2a, which had none, is 0.1.0, and this tree is the
-// release after it, not yet cut.
-const Version = "0.2.0-dev"
+// fc10b2a, which had none and is 0.1.0; f846c0d is 0.2.0 (levels 1 to 3,
+// the lock family), and this tree is the release after it, not yet cut.
+const Version = "0.3.0-dev"
 
 // Previous is the full hash of the commit of the previous release, the one
-// a rolling upgrade to this tree starts from: fc10b2a, the first release
-// with feature levels.
-const Previous = "fc10b2ad9a46070909262a717f5bcfe0022f044a"
+// a rolling upgrade to this tree starts from: f846c0d, release 0.2.0.
+const Previous = "f846c0de941b05ca5fc44ea11ef1c73017e0c49e"
 
 // PreviousVersion names the previous release in logs and messages.
-const PreviousVersion = "0.1.0"
+const PreviousVersion = "0.2.0"
 
 // PreviousMinLevel and PreviousMaxLevel are the feature levels the
-// previous release speaks. Its peer program has no -version flag to ask,
-// so they are recorded here.
+// previous release speaks. From 0.2.0 on its peer program prints them
+// (-version), and the upgrade test reads them there; they are recorded
+// here for releases before that, and to check the record.
 const (
 	PreviousMinLevel = level.Positional
-	PreviousMaxLevel = level.Tagged
+	PreviousMaxLevel = level.Family
 )

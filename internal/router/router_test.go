@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -224,7 +225,7 @@ func TestApplyRetriesUnknownOutcomesUnchanged(t *testing.T) {
 	}
 	h.mu.Lock()
 	for i, b := range h.batches {
-		if len(b) != 1 || b[0] != acquire(7) {
+		if len(b) != 1 || !reflect.DeepEqual(b[0], acquire(7)) {
 			t.Fatalf("try %d sent %+v, want the same command", i+1, b)
 		}
 	}

@@ -1,0 +1,268 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/lockmesh/lockmesh/internal/client"
+	"github.com/lockmesh/lockmesh/internal/level"
+	"github.com/lockmesh/lockmesh/lockfsm"
+)
+
+// Leader election, built on the mutex: an election is the key of its
+// name, its leader the key's holder, its candidates the key's waiters,
+// and a term the fencing token of a leader's grant. So it carries the
+// mutex's guarantees: candidates are elected in FIFO order, terms strictly
+// increase across leaders, leader changes, restarts and retries, a
+// leader's Done closes before the cluster can elect anyone else, and a
+// resignation elects the next candidate in the same Raft entry. The
+// leader's proclamation is its hold's value (WithValue, Lock.SetValue),
+// fenced on its term. docs/ELECTION.md compares it with etcd's
+// concurrency.Election and Curator's LeaderLatch.
+
+// ErrNoLeader is returned by Leader when nobody leads the election.
+var ErrNoLeader = errors.New("lockmesh: no leader")
+
+// Election is a leader election among the Sessions that campaign on its
+// name. The name is a key, and takes a hash tag as keys do; an election
+// and a lock of the same name are the same key, so give elections names
+// of their own ("election/ingest"). Make one with Session.Election; it is
+// safe for concurrent use.
+type Election struct {
+	s    *Session
+	name string
+}
+
+// Election returns the election called name, campaigned in through this
+// Session. The name is checked when it is used.
+func (s *Session) Election(name string) *Election { return &Election{s: s, name: name} }
+
+// Name returns the election's name.
+func (e *Election) Name() string { return e.name }
+
+// Leadership is a term of office won by Campaign. It is over when Done
+// closes: the leader resigned, its Session's lease may have run out, or
+// the node closed; Err says which. It is never renewed: a Session that
+// lost its leadership campaigns again (RunElected does that in a loop).
+type Leadership struct {
+	e *Election
+	l *Lock
+
+	resign     sync.Once
+	resignErr  error
+	campaigned func() // ends the Session's campaign on the name
+}
+
+// Campaign waits until this Session is elected, in FIFO order among the
+// candidates (priorities aside), and returns its leadership, proclaiming
+// value (at most MaxValueLen bytes; nil for none) for Leader and
+// observers to read.
+//
+// It never returns a leadership without a live lease: a candidate whose
+// Session is lost while it waits, or whose lease ran out by the time it
+// was elected, gets an error wrapping ErrLeaseExpired, and the cluster
+// hands the leadership on. When ctx ends first the candidate withdraws
+// and a *WaitError says whom it waited behind, as for Lock.
+//
+// A Session campaigns on a name once at a time: a second Campaign on the
+// same name while the first waits or leads fails at once with
+// ErrAlreadyHeld. Needs feature level 4.
+func (e *Election) Campaign(ctx context.Context, value []byte) (*Leadership, error) {
+	if err := e.check(value); err != nil {
+		return nil, err
+	}
+	if err := e.s.n.needLevel(level.Coordination, "elections"); err != nil {
+		return nil, err
+	}
+	end, err := e.s.campaign(e.name)
+	if err != nil {
+		return nil, err
+	}
+	l, err := e.s.acquire(ctx, e.name, true, client.Spec{Value: value}, nil)
+	if err != nil {
+		end()
+		return nil, fmt.Errorf("campaign in %q: %w", e.name, err)
+	}
+	if err := l.Err(); err != nil {
+		// Elected after the lease ran out: another may be elected any
+		// moment, so this is no leadership. The release hands it on.
+		end()
+		_ = l.Release()
+		return nil, fmt.Errorf("campaign in %q: elected with term %d after the lease ended: %w", e.name, l.Token(), err)
+	}
+	return &Leadership{e: e, l: l, campaigned: end}, nil
+}
+
+// check refuses a bad name or value before anything is sent.
+func (e *Election) check(value []byte) error {
+	if err := lockfsm.ValidateKey(e.name); err != nil {
+		return fmt.Errorf("%w: election name: %v", ErrInvalidKey, err)
+	}
+	return checkValue("a campaign's value", value)
+}
+
+// campaign records that the Session campaigns on name, or fails with
+// ErrAlreadyHeld if it does already; end forgets it.
+func (s *Session) campaign(name string) (end func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.campaigns[name] {
+		return nil, fmt.Errorf("campaign in %q: %w: this Session campaigns in it already (it waits or leads); resign first, or campaign through another Session", name, ErrAlreadyHeld)
+	}
+	if s.campaigns == nil {
+		s.campaigns = map[string]bool{}
+	}
+	s.campaigns[name] = true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			delete(s.campaigns, name)
+			s.mu.Unlock()
+		})
+	}, nil
+}
+
+// Election returns the election this leadership is of.
+func (ld *Leadership) Election() *Election { return ld.e }
+
+// Term returns this leadership's term: the fencing token of its grant,
+// strictly greater than every earlier leader's of the election. Pass it
+// to what the leader writes to (see Fence), so a deposed leader's late
+// writes are refused.
+func (ld *Leadership) Term() uint64 { return ld.l.Token() }
+
+// Done is closed when this leader can no longer rely on its leadership,
+// before the cluster can elect anyone else (see Lock.Done).
+func (ld *Leadership) Done() <-chan struct{} { return ld.l.Done() }
+
+// Err returns nil while the leadership holds, then why Done closed:
+// ErrLeaseExpired, ErrNotHeld (after Resign) or ErrClosed.
+func (ld *Leadership) Err() error { return ld.l.Err() }
+
+// Context returns a context derived from parent that is cancelled when
+// the leadership ends, with a cause that says why (see Lock.Context).
+func (ld *Leadership) Context(parent context.Context) context.Context {
+	return ld.l.Context(parent)
+}
+
+// Value returns what this leader proclaims: Campaign's value, or its last
+// Proclaim's that committed.
+func (ld *Leadership) Value() []byte { return ld.l.Value() }
+
+// Proclaim replaces what the leader proclaims, without an election, once
+// the change commits. It is fenced on the term: a leader deposed meanwhile
+// fails with ErrNotHeld (or its Err's error, once Done closed), and never
+// writes over its successor's proclamation.
+func (ld *Leadership) Proclaim(ctx context.Context, value []byte) error {
+	if err := checkValue("a proclamation", value); err != nil {
+		return err
+	}
+	if err := ld.l.SetValue(ctx, value); err != nil {
+		return fmt.Errorf("proclaim in %q (term %d): %w", ld.e.name, ld.Term(), err)
+	}
+	return nil
+}
+
+// Resign ends the leadership and, in the same Raft entry, elects the next
+// candidate: nobody waits out a TTL. Done closes before the resignation
+// is proposed. It is idempotent: every call returns what the first did,
+// nil once the resignation committed (as Lock.Unlock says, a resignation
+// still uncommitted when ctx ends goes on in the background). A
+// leadership already lost returns its Err's error.
+func (ld *Leadership) Resign(ctx context.Context) error {
+	ld.resign.Do(func() {
+		defer ld.campaigned()
+		if err := ld.l.Unlock(ctx); err != nil {
+			ld.resignErr = fmt.Errorf("resign from %q (term %d): %w", ld.e.name, ld.Term(), err)
+		}
+	})
+	return ld.resignErr
+}
+
+// LeaderInfo is who leads an election, as a linearizable read found it.
+type LeaderInfo struct {
+	// Value is what the leader proclaims.
+	Value []byte
+	// Term is the leader's term: its grant's fencing token.
+	Term uint64
+	// Peer is the name of the leader's peer, and Session its Session's ID.
+	Peer    string
+	Session uint64
+	// For is how long it has led, as the replica that answered saw it
+	// (see Holder.Age, and AtLeast).
+	For     time.Duration
+	AtLeast bool
+	// Candidates counts the Sessions waiting to lead after it.
+	Candidates int
+}
+
+// Leader returns the election's leader, read through the Raft log's read
+// index (linearizable), or an error wrapping ErrNoLeader when nobody
+// leads it.
+func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
+	if err := e.check(nil); err != nil {
+		return LeaderInfo{}, err
+	}
+	return e.s.n.Leader(ctx, e.name)
+}
+
+// Leader returns the leader of the election called name, as
+// Election.Leader does, without a Session.
+func (n *Node) Leader(ctx context.Context, name string) (LeaderInfo, error) {
+	info, err := n.Inspect(ctx, name)
+	if err != nil {
+		return LeaderInfo{}, fmt.Errorf("leader of %q: %w", name, err)
+	}
+	if len(info.Holders) == 0 {
+		return LeaderInfo{}, fmt.Errorf("election %q: %w (%d candidates waiting)", name, ErrNoLeader, len(info.Waiters))
+	}
+	h := info.Holders[0]
+	return LeaderInfo{Value: h.Value, Term: h.Token, Peer: h.Peer, Session: h.Session, For: h.Age, AtLeast: h.AtLeast, Candidates: len(info.Waiters)}, nil
+}
+
+// RunElected runs fn while this Session leads election e, campaigning
+// with value until it is elected, and again each time it loses the
+// leadership, until ctx ends or fn returns while leading. fn gets a
+// context cancelled when the leadership ends (Leadership.Context), with
+// the cause, and must stop acting as leader once it is cancelled.
+//
+// When fn returns while still leading, RunElected resigns (the next
+// candidate is elected at once) and returns fn's error. When the
+// leadership ends first, it waits for fn to return and campaigns again;
+// a Session that was lost ends RunElected with its error (run it with a
+// Session per attempt, or the node's, if that should not end it). When
+// ctx ends, it withdraws or resigns and returns ctx's error.
+func RunElected(ctx context.Context, e *Election, value []byte, fn func(ctx context.Context, ld *Leadership) error) error {
+	for {
+		ld, err := e.Campaign(ctx, value)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, ErrLeaseExpired) && e.s.Err() == nil {
+				continue // elected too late; the Session lives on
+			}
+			return err
+		}
+		fnErr := fn(ld.Context(ctx), ld)
+		lost := ld.Err() != nil
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockBound)
+		resignErr := ld.Resign(rctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !lost:
+			if resignErr != nil {
+				return errors.Join(fnErr, resignErr)
+			}
+			return fnErr
+		case e.s.Err() != nil:
+			return fmt.Errorf("run elected in %q: %w", e.name, e.s.Err())
+		}
+	}
+}
