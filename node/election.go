@@ -51,9 +51,8 @@ type Leadership struct {
 	e *Election
 	l *Lock
 
-	resign     sync.Once
-	resignErr  error
-	campaigned func() // ends the Session's campaign on the name
+	resign    sync.Once
+	resignErr error
 }
 
 // Campaign waits until this Session is elected, in FIFO order among the
@@ -93,7 +92,9 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Leadership, err
 		_ = l.Release()
 		return nil, fmt.Errorf("campaign in %q: elected with term %d after the lease ended: %w", e.name, l.Token(), err)
 	}
-	return &Leadership{e: e, l: l, campaigned: end}, nil
+	// The campaign is over when the leadership is, however it ends.
+	l.h.AfterDone(end)
+	return &Leadership{e: e, l: l}, nil
 }
 
 // check refuses a bad name or value before anything is sent.
@@ -175,7 +176,6 @@ func (ld *Leadership) Proclaim(ctx context.Context, value []byte) error {
 // leadership already lost returns its Err's error.
 func (ld *Leadership) Resign(ctx context.Context) error {
 	ld.resign.Do(func() {
-		defer ld.campaigned()
 		if err := ld.l.Unlock(ctx); err != nil {
 			ld.resignErr = fmt.Errorf("resign from %q (term %d): %w", ld.e.name, ld.Term(), err)
 		}

@@ -62,6 +62,7 @@ type familyModel struct {
 	// checkKeys, when set, checks the keys against the cluster's layout.
 	checkKeys func(t testing.TB, fc *faultCluster)
 
+	lr       *loadRun // the run it is used in
 	mu       sync.Mutex
 	sessions map[string]*Session // by worker
 	lastFail map[string]lockAllFailure
@@ -76,11 +77,15 @@ type familyModel struct {
 func (m *familyModel) use(lr *loadRun) {
 	m.sessions = map[string]*Session{}
 	m.lastFail = map[string]lockAllFailure{}
+	m.lr = lr
 	lr.model = m
 	lr.keys = m.keys
 	lr.hist.model, lr.hist.modelName = m.hist, m.histName
 	lr.res.limit = m.limit
 }
+
+// violate reports a violation only the model's take sees.
+func (m *familyModel) violate(format string, args ...any) { m.lr.violate(format, args...) }
 
 // session returns who's Session on n, a new one if it has none there or
 // it ended.
@@ -403,8 +408,47 @@ var rwLockModel = porcupine.Model{
 	},
 }
 
+// electionModel: workers campaign in one of two elections (each a
+// mutex: the mutex's checkers hold a leader to one term at a time, terms
+// rising, no two leaders believing in their leases at once, and a
+// Campaign that returned after its lease ended is a leader whose lease
+// overlaps its successor's); one leader in four then proclaims anew and
+// reads the leader back, linearizably: it must find its own term with a
+// value it set, or a later term, never an earlier one.
+func electionModel() *familyModel {
+	return &familyModel{
+		name: "election",
+		keys: []string{"election/1", "election/2"},
+		take: func(ctx context.Context, m *familyModel, n *Node, who, key string, liveness bool) ([]*Lock, error) {
+			s, err := m.session(ctx, n, who)
+			if err != nil {
+				return nil, err
+			}
+			e := s.Election(key)
+			campaigned := who + " campaigns"
+			ld, err := e.Campaign(ctx, []byte(campaigned))
+			if err != nil {
+				return nil, err
+			}
+			if !liveness && rand.IntN(4) == 0 {
+				proclaimed := fmt.Sprintf("%s proclaims in term %d", who, ld.Term())
+				_ = ld.Proclaim(ctx, []byte(proclaimed)) // either value may stand if it fails
+				info, err := e.Leader(ctx)
+				switch {
+				case err != nil:
+				case info.Term < ld.Term():
+					m.violate("election %s: Leader read term %d after term %d was won", key, info.Term, ld.Term())
+				case info.Term == ld.Term() && string(info.Value) != campaigned && string(info.Value) != proclaimed:
+					m.violate("election %s: term %d proclaims %q, which its leader never set", key, info.Term, info.Value)
+				}
+			}
+			return []*Lock{ld.l}, nil
+		},
+	}
+}
+
 // familyModels are the models TestNemesisFamily runs, made fresh per run.
-var familyModels = []func() *familyModel{rwModel, semModel, multiModel}
+var familyModels = []func() *familyModel{rwModel, semModel, multiModel, electionModel}
 
 // familyFaults are the nemeses (nemesis_test.go) TestNemesisFamily runs
 // each model under: a stand-in for a leader pause (its holders stopped
@@ -520,6 +564,7 @@ func TestFamilyBrokenVariantsAreCaught(t *testing.T) {
 		{"rw", rwModel, grantQueued, "unsafeGrantQueued", has("inside at once", "(write, ", "(read, "), "a writer inside with readers", 10},
 		{"sem", semModel, grantQueued, "unsafeGrantQueued", has("over the limit"), "more permits held than the semaphore has", 10},
 		{"multi", multiModel, grantQueued, "unsafeGrantQueued", has("inside at once"), "two holders of a key of a LockAll inside at once", 10},
+		{"election", electionModel, grantQueued, "unsafeGrantQueued", has("inside at once"), "two leaders of an election inside at once", 10},
 		{"multi-partial", multiModel, func(h *peer.Hooks) { h.UnsafeKeepPartialLockAll = true }, "unsafeKeepPartialLockAll", has("partial hold"),
 			"a failed LockAll's session still holding a key", 50},
 	} {

@@ -122,9 +122,10 @@ type config struct {
 	reportHeld time.Duration
 	// reportLeader is the key whose shard leader to report; empty for none.
 	reportLeader string
-	// probeFamily is the key a read lock is tried on every 100ms, with a
-	// family line each time the outcome changes; empty for none.
-	probeFamily string
+	// probeLevel is the key the newest feature level's call is tried on
+	// every 100ms, with a level line each time the outcome changes; empty
+	// for none.
+	probeLevel string
 	// reportServing prints a serving line once Node.WaitServing returns.
 	reportServing bool
 
@@ -255,8 +256,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		close(reporting)
 	}
-	if cfg.probeFamily != "" && ctx.Err() == nil {
-		go probeFamily(ctx, n, cfg.probeFamily, stdout)
+	if cfg.probeLevel != "" && ctx.Err() == nil {
+		go probeLevel(ctx, n, cfg.probeLevel, stdout)
 	}
 	if cfg.lockOnUSR1 {
 		select {
@@ -385,12 +386,12 @@ func settled(shards []node.ShardInfo, members []node.Member, want int) bool {
 	return hi-lo <= 1
 }
 
-// probeFamily tries a read lock of key (the lock family, feature level
-// 3) every 100ms until ctx ends, and prints "family ok" or "family
-// refused: <why>" each time the outcome changes: a cluster below level 3
-// refuses it, and once every peer speaks level 3 and the cluster was
-// raised, it is granted.
-func probeFamily(ctx context.Context, n *node.Node, key string, stdout io.Writer) {
+// probeLevel tries what the newest feature level brings on key, a lock
+// with a value (level 4), every 100ms until ctx ends, and prints "level
+// ok" or "level refused: <why>" each time the outcome changes: a cluster
+// below the level refuses it, and once every peer speaks the level and
+// the cluster was raised, it is granted.
+func probeLevel(ctx context.Context, n *node.Node, key string, stdout io.Writer) {
 	s, err := n.NewSession(ctx)
 	if err != nil {
 		return
@@ -401,11 +402,11 @@ func probeFamily(ctx context.Context, n *node.Node, key string, stdout io.Writer
 	defer tick.Stop()
 	for {
 		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		l, err := s.RWMutex(key).TryRLock(tctx)
+		l, err := s.TryLock(tctx, key, node.WithValue([]byte("probe")))
 		cancel()
-		line := "family ok"
+		line := "level ok"
 		if err != nil {
-			line = "family refused: " + err.Error()
+			line = "level refused: " + err.Error()
 		} else {
 			_ = l.Unlock(ctx)
 		}
@@ -570,7 +571,7 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func() error) {
 	fs.StringVar(&cfg.reportLeader, "report-leader", "", "print a leader line whenever this peer's view of the leader of `key`'s shard changes")
 	fs.StringVar(&cfg.httpAddr, "http", "", "serve /metrics (Prometheus), the status page (/debug/lockmesh/) and Go's profiles (/debug/pprof/) on `host:port`; empty serves none. The page shows key names: never expose it publicly")
 	httpHostNames := fs.String("http-host", "", "comma-separated host `names` the -http listener answers to besides loopback, localhost and -http's own host: the names operators reach it by. Requests naming any other host are refused, against DNS rebinding")
-	fs.StringVar(&cfg.probeFamily, "probe-family", "", "try a read lock of `key` every 100ms and print a family line whenever the outcome changes (the lock family needs feature level 3)")
+	fs.StringVar(&cfg.probeLevel, "probe-level", "", "try a lock of `key` with a value (feature level 4, the newest) every 100ms and print a level line whenever the outcome changes")
 
 	finish = func() error {
 		if cfg.version {

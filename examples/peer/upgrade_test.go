@@ -134,7 +134,7 @@ func TestUpgradeFromPrevious(t *testing.T) {
 		c.observe(ledgers[k].note)
 	}
 	u := &upgrade{c: c, bins: map[string]string{oldBin: release.PreviousVersion, newBin: release.Version}, running: map[string]*proc{},
-		ready: map[*proc]bool{}, serving: map[*proc]bool{}, leader: map[*proc]string{}, expectExit: map[*proc]bool{}}
+		ready: map[*proc]bool{}, serving: map[*proc]bool{}, leader: map[*proc]string{}, expectExit: map[*proc]bool{}, newHi: newHi}
 	c.observe(u.note)
 
 	// The previous release forms the cluster.
@@ -192,13 +192,14 @@ func TestUpgradeFromPrevious(t *testing.T) {
 		// The level rises only once every member of the mesh speaks it,
 		// client-only peers too: upgrade those of the previous release.
 		u.phase("clients upgraded")
-		// While a peer of the previous release runs, the family is
-		// refused, saying why, and the mutexes went on meanwhile.
-		if u.familyOK > 0 {
-			t.Fatalf("a read/write lock was granted while peers of the previous release ran: %s", u.familyLines)
+		// While a peer of the previous release runs, what the new level
+		// brings is refused, saying why, and the mutexes went on
+		// meanwhile.
+		if u.levelOK > 0 {
+			t.Fatalf("a lock with a value (level %d) was granted while peers of the previous release ran: %s", newHi, u.levelLines)
 		}
-		if u.familyRefused == 0 {
-			t.Fatalf("no client of this tree said the lock family was refused for want of feature level 3: %s", u.familyLines)
+		if u.levelRefused == 0 {
+			t.Fatalf("no client of this tree said a lock with a value was refused for want of feature level %d: %s", newHi, u.levelLines)
 		}
 		for i, cl := range clients {
 			if i%2 == 0 {
@@ -219,7 +220,7 @@ func TestUpgradeFromPrevious(t *testing.T) {
 			return false
 		})
 		u.waitGrants(3, keys)
-		u.wait(30*time.Second, "a client of this tree to be granted a read/write lock after the raise", func() bool { return u.familyOK > 0 })
+		u.wait(30*time.Second, "a client of this tree to be granted a lock with a value after the raise", func() bool { return u.levelOK > 0 })
 		u.stop("s3")
 		old := c.startBin(oldBin, "s3", args["s3"]...)
 		u.running["s3"] = old
@@ -241,7 +242,7 @@ func TestUpgradeFromPrevious(t *testing.T) {
 		restart("s3 upgraded again", "s3", newBin)
 	} else {
 		t.Logf("no level raise between the releases (previous speaks %d-%d, this tree %d-%d): "+
-			"the phase with a previous-release peer after the raise does not run; a release that adds a level (the lock family's level 3) turns it on",
+			"the phase with a previous-release peer after the raise does not run; a release that adds a level (level 4, coordination) turns it on",
 			oldLo, oldHi, newLo, newHi)
 	}
 
@@ -276,10 +277,12 @@ type upgrade struct {
 	rpc     map[string]string // server name -> its -rpc address
 	shards  []uint64          // every shard of the cluster, meta included
 
-	// family lines of this tree's clients (-probe-family): how many said
-	// ok and how many said refused for want of feature level 3.
-	familyOK, familyRefused int
-	familyLines             []string
+	// level lines of this tree's clients (-probe-level): how many said
+	// ok and how many said refused for want of the newest feature level,
+	// newHi.
+	levelOK, levelRefused int
+	levelLines            []string
+	newHi                 uint8
 }
 
 type phaseCount struct {
@@ -328,24 +331,24 @@ func (u *upgrade) note(e event) {
 	case "lost":
 		ph.lost++
 		ph.lostBy = append(ph.lostBy, e.p.name+": "+e.line)
-	case "family":
-		u.familyLines = append(u.familyLines, e.p.name+": "+e.line)
+	case "level":
+		u.levelLines = append(u.levelLines, e.p.name+": "+e.line)
 		switch {
 		case f[1] == "ok":
-			u.familyOK++
-		case strings.Contains(e.line, "feature level 3"):
-			u.familyRefused++
+			u.levelOK++
+		case strings.Contains(e.line, fmt.Sprintf("feature level %d", u.newHi)):
+			u.levelRefused++
 		}
 	}
 }
 
-// withProbe adds -probe-family to the args of this tree's binary; the
+// withProbe adds -probe-level to the args of this tree's binary; the
 // previous release has no such flag.
 func (u *upgrade) withProbe(bin string, args []string) []string {
 	if bin != u.newBin {
 		return args
 	}
-	return append(slices.Clone(args), "-probe-family", "probe")
+	return append(slices.Clone(args), "-probe-level", "probe")
 }
 
 // check fails the test on a process that exited unasked (a failed lock or
