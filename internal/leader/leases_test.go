@@ -232,7 +232,9 @@ func TestRunRecordsTheTermWhenElected(t *testing.T) {
 	}()
 	f.elect(shard, 2)
 	waitFor(t, "LeaderTerm(2) proposed", func() bool {
-		return slices.ContainsFunc(f.h.proposed(), func(p proposal) bool { return reflect.DeepEqual(p, proposal{shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 2}}) })
+		return slices.ContainsFunc(f.h.proposed(), func(p proposal) bool {
+			return reflect.DeepEqual(p, proposal{shard, lockfsm.Command{Op: lockfsm.OpLeaderTerm, Term: 2}})
+		})
 	})
 	cancel()
 	<-ran
