@@ -80,9 +80,20 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Leadership, err
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	c, err := e.s.n.campaigns.join(cancel)
+	if err != nil {
+		end()
+		return nil, fmt.Errorf("campaign in %q: %w", e.name, err)
+	}
 	l, err := e.s.acquire(ctx, e.name, true, client.Spec{Value: value}, nil)
 	if err != nil {
 		end()
+		e.s.n.campaigns.drop(c)
+		if cause := context.Cause(ctx); errors.Is(cause, errLeaving) {
+			err = fmt.Errorf("%w: %v", cause, err)
+		}
 		return nil, fmt.Errorf("campaign in %q: %w", e.name, err)
 	}
 	if err := l.Err(); err != nil {
@@ -92,9 +103,19 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Leadership, err
 		_ = l.Release()
 		return nil, fmt.Errorf("campaign in %q: elected with term %d after the lease ended: %w", e.name, l.Token(), err)
 	}
+	ld := &Leadership{e: e, l: l}
+	if !e.s.n.campaigns.lead(c, ld) {
+		// The peer began to leave as it was elected.
+		_ = ld.Resign(context.WithoutCancel(ctx))
+		end()
+		return nil, fmt.Errorf("campaign in %q: %w", e.name, errLeaving)
+	}
 	// The campaign is over when the leadership is, however it ends.
-	l.h.AfterDone(end)
-	return &Leadership{e: e, l: l}, nil
+	l.h.AfterDone(func() {
+		end()
+		e.s.n.campaigns.drop(c)
+	})
+	return ld, nil
 }
 
 // check refuses a bad name or value before anything is sent.
@@ -264,5 +285,79 @@ func RunElected(ctx context.Context, e *Election, value []byte, fn func(ctx cont
 		case e.s.Err() != nil:
 			return fmt.Errorf("run elected in %q: %w", e.name, e.s.Err())
 		}
+	}
+}
+
+// errLeaving ends the campaigns of a peer that leaves the cluster.
+var errLeaving = fmt.Errorf("%w: this peer is leaving the cluster (Leave)", ErrClosed)
+
+// campaigns are a Node's campaigns, waiting or leading, so that Leave
+// can end them before it moves the peer's replicas away.
+type campaigns struct {
+	mu      sync.Mutex
+	leaving bool
+	all     map[*campaignEntry]struct{}
+}
+
+// campaignEntry is one campaign: cancel withdraws it while it waits, ld
+// is its leadership once elected.
+type campaignEntry struct {
+	cancel context.CancelCauseFunc
+	ld     *Leadership
+}
+
+// join records a campaign, or fails once the peer is leaving.
+func (cs *campaigns) join(cancel context.CancelCauseFunc) (*campaignEntry, error) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.leaving {
+		return nil, errLeaving
+	}
+	if cs.all == nil {
+		cs.all = map[*campaignEntry]struct{}{}
+	}
+	c := &campaignEntry{cancel: cancel}
+	cs.all[c] = struct{}{}
+	return c, nil
+}
+
+// lead records that c was elected, and reports false if the peer is
+// leaving: the caller resigns.
+func (cs *campaigns) lead(c *campaignEntry, ld *Leadership) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.leaving {
+		delete(cs.all, c)
+		return false
+	}
+	c.ld = ld
+	return true
+}
+
+// drop forgets c.
+func (cs *campaigns) drop(c *campaignEntry) {
+	cs.mu.Lock()
+	delete(cs.all, c)
+	cs.mu.Unlock()
+}
+
+// leave refuses new campaigns, withdraws the waiting ones and resigns
+// the leaderships, each resignation bounded by ctx and unlockBound.
+func (cs *campaigns) leave(ctx context.Context) {
+	cs.mu.Lock()
+	cs.leaving = true
+	var leading []*Leadership
+	for c := range cs.all {
+		if c.ld != nil {
+			leading = append(leading, c.ld)
+		} else {
+			c.cancel(errLeaving)
+		}
+	}
+	cs.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, unlockBound)
+	defer cancel()
+	for _, ld := range leading {
+		_ = ld.Resign(rctx)
 	}
 }

@@ -277,3 +277,43 @@ func TestRunElected(t *testing.T) {
 		t.Fatalf("Leader after both finished: %v, want ErrNoLeader", err)
 	}
 }
+
+// A peer that leaves resigns its leaderships first, electing the next
+// candidates at once rather than when its Sessions close, and withdraws
+// its waiting candidates, which are told the peer is leaving.
+func TestLeaveResignsFirst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three peers, one of which leaves")
+	}
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 2, shards: 2, ttl: 2 * time.Second})
+	ctx := ctxT(t, 90*time.Second)
+	leaving, staying := peers[0].node, peers[1].node
+	const name = "election/leave"
+	ld, err := newTestSession(t, ctx, leaving).Election(name).Campaign(ctx, []byte("leaving"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := campaignAsync(ctx, newTestSession(t, ctx, staying).Election(name), "staying")
+	waitQueued(t, staying, name, 1)
+	withdrawn := campaignAsync(ctx, newTestSession(t, ctx, leaving).Election(name), "leaving too")
+	waitQueued(t, staying, name, 2)
+
+	if err := leaving.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ld.Err(); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("the leaving peer's leadership ended with %v, want ErrNotHeld: it resigned, not closed", err)
+	}
+	r := <-withdrawn
+	if r.ld != nil || !errors.Is(r.err, ErrClosed) || !strings.Contains(r.err.Error(), "leaving") {
+		t.Fatalf("the leaving peer's waiting candidate: %v, %v, want ErrClosed saying the peer is leaving", r.ld, r.err)
+	}
+	r = <-next
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.ld.Term() <= ld.Term() {
+		t.Fatalf("the next leader's term %d, not above %d", r.ld.Term(), ld.Term())
+	}
+	mustLeader(t, ctx, r.ld.Election(), "staying", r.ld.Term(), 0)
+}

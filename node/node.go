@@ -21,6 +21,8 @@ type Node struct {
 	// their leases and keepalives, and the waiters grants are handed to.
 	client *client.Client
 	obs    *telemetry // metrics and traces
+	// campaigns are its Sessions' campaigns, which Leave ends first.
+	campaigns campaigns
 }
 
 // Start starts a peer: it listens on the configured addresses, joins the
@@ -80,13 +82,22 @@ func (n *Node) GossipAddr() string { return n.peer.GossipAddr() }
 // Close is idempotent; calls made after it return ErrClosed.
 func (n *Node) Close() error { return n.peer.Close() }
 
-// Leave moves this peer out of the cluster gracefully: it asks for its
-// replicas and leaderships to be moved to other peers, waits until they
+// Leave moves this peer out of the cluster gracefully: first its
+// Sessions resign the elections they lead, electing the next candidates
+// at once, and withdraw from those they campaign in, and no Campaign
+// starts here any more (ErrClosed); then it asks for its replicas and
+// leaderships to be moved to other peers, waits until they
 // are (the cluster never drops below the replication factor, so this needs
 // enough other peers), then closes its sessions, handing their locks on,
 // and closes the node. If ctx ends first the peer stays draining and
 // running, and Leave returns an error.
-func (n *Node) Leave(ctx context.Context) error { return n.peer.Leave(ctx) }
+func (n *Node) Leave(ctx context.Context) error {
+	if n.peer.IsClosed() {
+		return ErrClosed
+	}
+	n.campaigns.leave(ctx)
+	return n.peer.Leave(ctx)
+}
 
 // FeatureLevels returns the oldest and newest feature levels this release
 // speaks: a cluster at a level outside them is refused (ErrIncompatible).
