@@ -87,6 +87,9 @@ type brokenRules struct {
 	// A SetValue of a hold that ended writes over the key's holder now:
 	// a deposed leader's proclamation replaces its successor's.
 	valueUnfenced bool
+	// A hand-off's grant is not reported as an event: a watcher misses
+	// the new holder.
+	eventsMissHandOff bool
 }
 
 // canGrant reports whether the attempt at can join k's holders now,

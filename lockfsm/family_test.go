@@ -347,10 +347,11 @@ func TestFamilyNeedsSnapshotFormat3(t *testing.T) {
 // within the logs TestRandomFamilyLogsDeterministic runs.
 func TestBrokenFamilyRulesAreCaught(t *testing.T) {
 	for name, broken := range map[string]brokenRules{
-		"reader joins writer": {readerJoinsWriter: true},
-		"semaphore overfill":  {semaphoreOverfill: true},
-		"group piecemeal":     {groupPiecemeal: true},
-		"value unfenced":      {valueUnfenced: true},
+		"reader joins writer":  {readerJoinsWriter: true},
+		"semaphore overfill":   {semaphoreOverfill: true},
+		"group piecemeal":      {groupPiecemeal: true},
+		"value unfenced":       {valueUnfenced: true},
+		"events miss hand-off": {eventsMissHandOff: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			for seed := uint64(1); seed <= 200; seed++ {

@@ -19,7 +19,14 @@ type checker struct {
 	lastToken map[string]uint64
 	values    map[ref][]byte // by attempt, as its commands set them
 	set       map[ref]bool   // attempts whose Acquire was answered
+	// mirror is every key's holders and waiters as a watcher rebuilds
+	// them from the entries' events alone; after each entry it must be
+	// the state's.
+	mirror map[string]*mirrorKey
 }
+
+// mirrorKey is a key as its events describe it.
+type mirrorKey struct{ holders, waiters []Holder }
 
 func newChecker() *checker { return newCheckerWith(brokenRules{}) }
 
@@ -27,47 +34,64 @@ func newChecker() *checker { return newCheckerWith(brokenRules{}) }
 func newCheckerWith(broken brokenRules) *checker {
 	s := New()
 	s.broken = broken
-	return &checker{s: s, lastToken: map[string]uint64{}, values: map[ref][]byte{}, set: map[ref]bool{}}
+	return &checker{s: s, lastToken: map[string]uint64{}, values: map[ref][]byte{}, set: map[ref]bool{}, mirror: map[string]*mirrorKey{}}
 }
 
 func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
+	rs, gs, _, err := c.applyEvents(cmds...)
+	return rs, gs, err
+}
+
+// applyEvents is apply, returning the entry's events too.
+func (c *checker) applyEvents(cmds ...Command) ([]Result, []Grant, []Event, error) {
 	c.index++
-	rs, gs := c.s.Apply(c.index, cmds)
+	rs, gs, es := c.s.ApplyEvents(c.index, cmds)
+	err := c.checkEntry(cmds, rs, gs)
+	if err == nil {
+		if err = c.checkEvents(es); err != nil {
+			err = fmt.Errorf("entry %d: %v", c.index, err)
+		}
+	}
+	return rs, gs, es, err
+}
+
+// checkEntry checks what applying cmds at c.index left and answered.
+func (c *checker) checkEntry(cmds []Command, rs []Result, gs []Grant) error {
 	if len(rs) != len(cmds) {
-		return rs, gs, fmt.Errorf("entry %d: %d results for %d commands", c.index, len(rs), len(cmds))
+		return fmt.Errorf("entry %d: %d results for %d commands", c.index, len(rs), len(cmds))
 	}
 	if err := c.s.Verify(); err != nil {
-		return rs, gs, fmt.Errorf("entry %d: %v", c.index, err)
+		return fmt.Errorf("entry %d: %v", c.index, err)
 	}
 	// A replica returns the results encoded: one that cannot be would
 	// fail the entry on every replica, and again on every restart.
 	if _, err := EncodeResults(rs); err != nil {
-		return rs, gs, fmt.Errorf("entry %d: %v", c.index, err)
+		return fmt.Errorf("entry %d: %v", c.index, err)
 	}
 	var prev uint64
 	for _, g := range gs {
 		if g.Token <= prev {
-			return rs, gs, fmt.Errorf("entry %d: grant tokens not ascending: %d after %d", c.index, g.Token, prev)
+			return fmt.Errorf("entry %d: grant tokens not ascending: %d after %d", c.index, g.Token, prev)
 		}
 		prev = g.Token
 		if g.Token <= c.lastToken[g.Key] {
-			return rs, gs, fmt.Errorf("entry %d: key %q token %d not above its previous %d", c.index, g.Key, g.Token, c.lastToken[g.Key])
+			return fmt.Errorf("entry %d: key %q token %d not above its previous %d", c.index, g.Key, g.Token, c.lastToken[g.Key])
 		}
 		c.lastToken[g.Key] = g.Token
 	}
 	if err := c.checkValues(cmds, rs); err != nil {
-		return rs, gs, fmt.Errorf("entry %d: %v", c.index, err)
+		return fmt.Errorf("entry %d: %v", c.index, err)
 	}
 	for i, r := range rs {
 		if r.Status < StatusOK || r.Status > StatusSessionLimit {
-			return rs, gs, fmt.Errorf("entry %d: command %d: bad status %d", c.index, i, r.Status)
+			return fmt.Errorf("entry %d: command %d: bad status %d", c.index, i, r.Status)
 		}
 		explained := r.Status == StatusInvalid || r.Status == StatusStaleTerm || r.Status == StatusMismatch || r.Status == StatusDeadlock || r.Status == StatusLimitMismatch || r.Status == StatusSessionLimit
 		if explained != (r.Err != "") {
-			return rs, gs, fmt.Errorf("entry %d: command %d: status %v with err %q", c.index, i, r.Status, r.Err)
+			return fmt.Errorf("entry %d: command %d: status %v with err %q", c.index, i, r.Status, r.Err)
 		}
 	}
-	return rs, gs, nil
+	return nil
 }
 
 // checkValues follows the values the entry's commands set, and checks
@@ -92,6 +116,88 @@ func (c *checker) checkValues(cmds []Command, rs []Result) error {
 		}
 	}
 	return nil
+}
+
+// checkEvents applies the entry's events to the mirror and checks it
+// against the state: a watcher that starts from a snapshot and applies
+// every entry's events sees every key as it is.
+func (c *checker) checkEvents(es []Event) error {
+	drop := func(list []Holder, e Event) ([]Holder, bool) {
+		i := slices.IndexFunc(list, func(h Holder) bool { return h.Session == e.Session && h.Req == e.Req })
+		if i < 0 {
+			return list, false
+		}
+		return slices.Delete(list, i, i+1), true
+	}
+	for _, e := range es {
+		m := c.mirror[e.Key]
+		if m == nil {
+			m = &mirrorKey{}
+			c.mirror[e.Key] = m
+		}
+		h := Holder{Session: e.Session, Req: e.Req, Token: e.Token, Owner: e.Owner, Label: e.Label, Kind: e.Lock, Permits: e.Permits, Value: e.Value}
+		var ok bool
+		switch e.Kind {
+		case EventGranted:
+			m.waiters, _ = drop(m.waiters, e)
+			m.holders, ok = append(m.holders, h), true
+		case EventQueued:
+			h.Token = 0
+			m.waiters, ok = append(m.waiters, h), true
+		case EventReleased, EventExpired:
+			m.holders, ok = drop(m.holders, e)
+		case EventCancelled:
+			m.waiters, ok = drop(m.waiters, e)
+		case EventValue:
+			i := slices.IndexFunc(m.holders, func(h Holder) bool { return h.Session == e.Session && h.Req == e.Req })
+			if ok = i >= 0; ok {
+				m.holders[i].Value = e.Value
+			}
+		}
+		if !ok {
+			return fmt.Errorf("event %v of (%d,%d) on %q: no such holder or waiter in the watcher's view", e.Kind, e.Session, e.Req, e.Key)
+		}
+		if len(m.holders) == 0 && len(m.waiters) == 0 {
+			delete(c.mirror, e.Key)
+		}
+	}
+	norm := func(hs []Holder) []Holder {
+		if len(hs) == 0 {
+			return nil
+		}
+		out := slices.Clone(hs)
+		for i := range out {
+			if len(out[i].Value) == 0 {
+				out[i].Value = nil
+			}
+		}
+		return out
+	}
+	for key := range c.s.keys {
+		if c.mirror[key] == nil {
+			return fmt.Errorf("key %q is held or waited for, and no event said so", key)
+		}
+	}
+	for key, m := range c.mirror {
+		info, ok := c.s.Key(key)
+		if !ok {
+			return fmt.Errorf("key %q: the events leave %d holders and %d waiters; the state has none", key, len(m.holders), len(m.waiters))
+		}
+		if !reflect.DeepEqual(norm(m.holders), norm(info.Holders)) || !reflect.DeepEqual(norm(m.waiters), norm(info.Waiters)) {
+			return fmt.Errorf("key %q: the events say holders %+v waiters %+v; the state has %+v and %+v", key, m.holders, m.waiters, info.Holders, info.Waiters)
+		}
+	}
+	return nil
+}
+
+// mirrorOf is every key of s as a watcher's snapshot shows it.
+func mirrorOf(s *State) map[string]*mirrorKey {
+	m := map[string]*mirrorKey{}
+	for key := range s.keys {
+		info, _ := s.Key(key)
+		m[key] = &mirrorKey{holders: info.Holders, waiters: info.Waiters}
+	}
+	return m
 }
 
 func snapshot(t testing.TB, s *State) []byte {
@@ -291,6 +397,7 @@ func checkLogWith(t testing.TB, log [][]Command, broken brokenRules) error {
 			restored.index = a.index
 			maps.Copy(restored.lastToken, a.lastToken)
 			maps.Copy(restored.values, a.values)
+			restored.mirror = mirrorOf(restored.s) // a watcher starts from the snapshot
 			maps.Copy(restored.set, a.set)
 			if again := snapshot(t, restored.s); !bytes.Equal(snap, again) {
 				return fmt.Errorf("Save after Load differs")

@@ -647,6 +647,12 @@ func ValidateKey(key string) error {
 // An index that does not increase answers every command StatusInvalid and
 // changes nothing.
 func (s *State) Apply(index uint64, cmds []Command) (results []Result, grants []Grant) {
+	return s.apply(index, cmds, nil)
+}
+
+// apply is Apply, recording the entry's events in events when it is not
+// nil (ApplyEvents).
+func (s *State) apply(index uint64, cmds []Command, events *[]Event) (results []Result, grants []Grant) {
 	results = make([]Result, len(cmds))
 	if index <= s.index {
 		for i := range results {
@@ -655,7 +661,7 @@ func (s *State) Apply(index uint64, cmds []Command) (results []Result, grants []
 		return results, nil
 	}
 	s.index = index
-	a := applier{s: s, index: index}
+	a := applier{s: s, index: index, events: events}
 	opened := false
 	for i := 0; i < len(cmds); i++ {
 		c := &cmds[i]
@@ -692,11 +698,16 @@ func clip(msg string) string {
 	return msg[:MaxErrLen-len(more)] + more
 }
 
-// applier carries the grants of one entry.
+// applier carries the grants and events of one entry.
 type applier struct {
 	s      *State
 	index  uint64
 	grants []Grant
+	// events, when not nil, collects the entry's events (ApplyEvents);
+	// ended is the kind a holder's end is reported as, by the command
+	// being applied: EventExpired for the leader's expiries.
+	events *[]Event
+	ended  EventKind
 }
 
 func (a *applier) openSession(c *Command, pos int, extra bool) Result {
@@ -777,6 +788,10 @@ func (a *applier) apply(c *Command) Result {
 	if c.Ack > sess.ack {
 		sess.ack = c.Ack
 		sess.prune()
+	}
+	a.ended = EventReleased
+	if c.Op == OpExpireSession || c.Op == OpExpireHold {
+		a.ended = EventExpired
 	}
 	switch c.Op {
 	case OpAcquire:
@@ -929,6 +944,7 @@ func (a *applier) enqueue(k *lockKey, sess *session, req uint64, at *attempt) {
 	at.state = ReqWaiting
 	sess.waiting++
 	k.setWaiters(append(k.waiters(), ref{session: sess.id, req: req}))
+	a.event(EventQueued, at.key, sess, req, at)
 }
 
 // dropIfIdle deletes k, made for an attempt that was then refused, once
@@ -947,6 +963,9 @@ func (a *applier) grant(key string, k *lockKey, sess *session, req uint64, at *a
 	sess.held++
 	k.addHolder(ref{session: sess.id, req: req})
 	a.grants = append(a.grants, Grant{Key: key, Session: sess.id, Req: req, Token: at.token, Owner: sess.owner, HandOff: handOff})
+	if !handOff || !a.s.broken.eventsMissHandOff {
+		a.event(EventGranted, key, sess, req, at)
+	}
 }
 
 // handOff grants k's waiters in FIFO order while its head can be granted
@@ -996,6 +1015,7 @@ func (a *applier) handOff(key string, k *lockKey) {
 
 // unhold removes the held attempt (sess, req) from its key and hands off.
 func (a *applier) unhold(sess *session, req uint64, at *attempt) {
+	a.event(a.ended, at.key, sess, req, at)
 	a.s.forgetLive(ref{sess.id, req})
 	k := a.s.keys[at.key]
 	k.dropHolder(sess.id, req)
@@ -1018,6 +1038,7 @@ func (a *applier) unqueue(sess *session, req uint64, at *attempt) {
 			continue
 		}
 		k := a.s.keys[m.key]
+		a.event(EventCancelled, m.key, sess, r, m)
 		k.unqueue(sess.id, r)
 		a.s.forgetLive(ref{sess.id, r})
 		sess.waiting--
@@ -1073,6 +1094,8 @@ func (a *applier) setValue(sess *session, c *Command) Result {
 	} else {
 		a.s.values[r] = slices.Clone(c.Value)
 	}
+	hs, hat := a.s.sessions[r.session], a.s.lookup(r)
+	a.event(EventValue, hat.key, hs, r.req, hat)
 	return Result{Status: StatusOK, Token: at.token}
 }
 
@@ -1121,6 +1144,7 @@ func (a *applier) endSession(sess *session) {
 	for _, req := range reqs {
 		if at := sess.reqs[req]; at.state == ReqWaiting {
 			k := a.s.keys[at.key]
+			a.event(EventCancelled, at.key, sess, req, at)
 			k.unqueue(sess.id, req)
 			a.s.forgetLive(ref{sess.id, req})
 			sess.waiting--
