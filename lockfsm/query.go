@@ -3,6 +3,7 @@ package lockfsm
 import (
 	"cmp"
 	"slices"
+	"strings"
 )
 
 // RequestInfo describes one lock attempt.
@@ -255,3 +256,24 @@ func insertBounded[T any](s []T, v T, k int, cmp func(a, b T) int) []T {
 // LastToken is the fencing token of the shard's latest grant; 0 before
 // the first.
 func (s *State) LastToken() uint64 { return s.lastToken }
+
+// KeysWithPrefix returns the keys that start with prefix and are held or
+// waited for, sorted, at most max of them; more is true when there were
+// more. It scans every key of the shard.
+func (s *State) KeysWithPrefix(prefix string, max int) (infos []KeyInfo, more bool) {
+	var keys []string
+	for key := range s.keys {
+		if strings.HasPrefix(key, prefix) {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	if len(keys) > max {
+		keys, more = keys[:max], true
+	}
+	for _, key := range keys {
+		info, _ := s.Key(key)
+		infos = append(infos, info)
+	}
+	return infos, more
+}

@@ -361,3 +361,115 @@ func (cs *campaigns) leave(ctx context.Context) {
 		_ = ld.Resign(rctx)
 	}
 }
+
+// LeaderEvent is a change of an election's leader, as Observe reports it.
+type LeaderEvent struct {
+	// Index is the Raft index of the entry that made the change, or of
+	// the state a Resync (or the first event) read.
+	Index uint64
+	// Leader is who leads after the change, nil when nobody does. Its For,
+	// AtLeast and Candidates are not set.
+	Leader *LeaderInfo
+	// Resync is set when the election's state was read again because the
+	// entries since the last event were no longer held (Watch): changes
+	// between the two may have been missed, and this is the state after
+	// them.
+	Resync bool
+	// Err, on the last event before the channel closes, says why the
+	// observation ended; the channel also closes without one when ctx
+	// ends.
+	Err error
+}
+
+// Observe reports the election's leader, first as a linearizable read
+// found it (Leader nil when vacant), then every change in term order: a
+// new leader, a vacancy, a new proclamation. A leader that resigns to the
+// next candidate in one entry is one change, to the next leader. It is a
+// Watch of the election's name, with its guarantees and its policy for a
+// consumer that falls behind (a Resync, never a silent gap). Needs
+// feature level 4.
+func (e *Election) Observe(ctx context.Context) (<-chan LeaderEvent, error) {
+	return e.s.n.Observe(ctx, e.name)
+}
+
+// Observe reports the leader of the election called name, as
+// Election.Observe does, without a Session.
+func (n *Node) Observe(ctx context.Context, name string) (<-chan LeaderEvent, error) {
+	if err := lockfsm.ValidateKey(name); err != nil {
+		return nil, fmt.Errorf("%w: election name: %v", ErrInvalidKey, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	watch, err := n.Watch(ctx, name)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	out := make(chan LeaderEvent, 16)
+	go func() {
+		defer cancel()
+		defer close(out)
+		var leader *LeaderInfo
+		send := func(ev LeaderEvent) bool {
+			select {
+			case out <- ev:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		first := true
+		for r := range watch {
+			switch {
+			case r.Err != nil:
+				send(LeaderEvent{Index: r.Index, Leader: leader, Err: r.Err})
+				return
+			case r.Snapshot:
+				leader = nil
+				if len(r.Keys) > 0 && len(r.Keys[0].Holders) > 0 {
+					leader = leaderOf(r.Keys[0].Holders[0])
+				}
+				if !send(LeaderEvent{Index: r.Index, Leader: leader, Resync: r.Resync && !first}) {
+					return
+				}
+				first = false
+			case len(r.Events) > 0:
+				next := leader
+				for _, ev := range r.Events {
+					switch ev.Kind {
+					case Granted:
+						next = leaderOf(ev.Holder)
+					case Released, Expired:
+						if next != nil && next.Term == ev.Holder.Token {
+							next = nil
+						}
+					case ValueChanged:
+						if next != nil && next.Term == ev.Holder.Token {
+							changed := *next
+							changed.Value = ev.Holder.Value
+							next = &changed
+						}
+					}
+				}
+				if sameLeader(leader, next) {
+					continue
+				}
+				leader = next
+				if !send(LeaderEvent{Index: r.Index, Leader: leader}) {
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+func leaderOf(h Holder) *LeaderInfo {
+	return &LeaderInfo{Value: h.Value, Term: h.Token, Peer: h.Peer, Session: h.Session}
+}
+
+func sameLeader(a, b *LeaderInfo) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Term == b.Term && string(a.Value) == string(b.Value)
+}

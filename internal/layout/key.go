@@ -81,3 +81,14 @@ func KeySchemeFor(l level.Level) uint8 {
 	}
 	return KeySchemeWhole
 }
+
+// PrefixShard maps every key that starts with prefix to its shard, and
+// reports false when they may lie on several: only a prefix that holds a
+// whole hash tag ("{order-42}/", "{order-42}") under KeySchemeHashTag
+// fixes the shard of every key that extends it.
+func (p *Placement) PrefixShard(prefix string) (uint64, bool) {
+	if p.KeyScheme != KeySchemeHashTag || hashTag(prefix) == prefix {
+		return 0, false
+	}
+	return p.ShardOf(prefix), true
+}

@@ -149,3 +149,25 @@ func TestFNV64a(t *testing.T) {
 		}
 	}
 }
+
+// Only a prefix that holds a whole hash tag fixes the shard of every key
+// that extends it, and only under hash tags.
+func TestPrefixShard(t *testing.T) {
+	peers := []Peer{{Name: "a"}, {Name: "b"}, {Name: "c"}}
+	tagged, whole := New(1, 16, 3, KeySchemeHashTag, peers), New(1, 16, 3, KeySchemeWhole, peers)
+	for _, tc := range []struct {
+		prefix string
+		ok     bool
+	}{{"{o-1}/", true}, {"{o-1}", true}, {"x{o-1}", true}, {"{o-1", false}, {"{}", false}, {"orders/", false}} {
+		shard, ok := tagged.PrefixShard(tc.prefix)
+		if ok != tc.ok {
+			t.Errorf("PrefixShard(%q) ok=%v, want %v", tc.prefix, ok, tc.ok)
+		}
+		if ok && (shard != tagged.ShardOf(tc.prefix+"rest") || shard != tagged.ShardOf(tc.prefix)) {
+			t.Errorf("PrefixShard(%q) = %d, its keys' shard is %d", tc.prefix, shard, tagged.ShardOf(tc.prefix+"rest"))
+		}
+		if _, ok := whole.PrefixShard(tc.prefix); ok {
+			t.Errorf("PrefixShard(%q) under whole-key hashing: ok", tc.prefix)
+		}
+	}
+}

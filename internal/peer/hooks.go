@@ -71,4 +71,12 @@ type Hooks struct {
 	// took on the shards before the one that failed instead of giving it
 	// back: the partial hold the family's checkers must catch.
 	UnsafeKeepPartialLockAll bool
+	// JournalEvents, when not 0, is how many events each lock replica's
+	// journal keeps instead of replica.JournalEvents: a test makes
+	// watches fall behind it quickly.
+	JournalEvents int
+	// UnsafeWatchSkipHandOffs makes this peer's watch answers leave out
+	// the grants that hand a key on: a watch that misses events, which
+	// the watch checkers must catch.
+	UnsafeWatchSkipHandOffs bool
 }

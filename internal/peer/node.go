@@ -69,8 +69,10 @@ type Peer struct {
 	joinAddrs    []string // Config.Join and the known peers, set by open
 
 	router *router.Router // batching, forwarding, retries, the leader cache
-	counts replica.Counts // what this peer's lock replicas applied (Stats)
-	obs    Observer       // metrics and traces (node's telemetry)
+	// journals are the events its lock replicas applied last (watch.go).
+	journals journals
+	counts   replica.Counts // what this peer's lock replicas applied (Stats)
+	obs      Observer       // metrics and traces (node's telemetry)
 
 	// client is the client side of sessions: the live Sessions, the
 	// default session of each shard (Node.Lock), their leases, the
@@ -431,7 +433,7 @@ func (n *Peer) startReplica(p *layout.Placement, shard uint64, r layout.Replica)
 		create = func(uint64, uint64) sm.IStateMachine { return replica.NewMeta(halt) }
 	} else {
 		create = func(uint64, uint64) sm.IStateMachine {
-			return replica.NewLock(replica.LockConfig{Shard: shard, OnGrant: n.leading.OnApplyGrants,
+			return replica.NewLock(replica.LockConfig{Shard: shard, OnGrant: n.leading.OnApplyGrants, Journal: n.journals.start(shard, n.hooks.JournalEvents),
 				OnApply: n.hooks.OnApply, SkipTermCheck: n.hooks.UnsafeSkipExpiryTerm,
 				MaxFormat: n.TopLevel().CommandFormat(), MaxSnapshot: n.hooks.HoldSnapshot,
 				SnapshotFormat: func() byte { return n.ClusterLevel().LockSnapshotFormat() }, Halt: halt,

@@ -36,6 +36,7 @@ const (
 	MethodCaughtUp                        // membership.ShardRequest: answers once the local replica serves reads
 	MethodSetPlacement                    // encoded placement, proposed to the meta shard
 	MethodMembership                      // membership.ShardRequest -> membership.Membership: the shard's Raft membership
+	MethodWatch                           // WatchRequest -> WatchAnswer (feature level 4)
 )
 
 // Application error codes carried in transport.Error (see internal/lockerr).
@@ -96,7 +97,7 @@ func AnswerBound(method uint8, body []byte) int {
 			return SmallAnswer
 		}
 		return MaxBodySize
-	case MethodGetPlacement, MethodStatus:
+	case MethodGetPlacement, MethodStatus, MethodWatch:
 		return MaxBodySize
 	case MethodMembership:
 		return LargeAnswer
@@ -179,6 +180,22 @@ func (n *Peer) handle(ctx context.Context, method uint8, body []byte) ([]byte, e
 		}
 		n.leading.OnNotice(req)
 		return nil, nil
+	case MethodWatch:
+		var req WatchRequest
+		if err := DecodeBody(body, &req); err != nil {
+			return nil, err
+		}
+		if err := n.checkSender(req.Level); err != nil {
+			return nil, err
+		}
+		a, err := n.ServeWatch(ctx, req)
+		if err != nil {
+			if router.Retryable(err) {
+				return nil, RPCError(lockerr.CodeBusy, "shard %d: %v", req.Shard, err)
+			}
+			return nil, err
+		}
+		return EncodeBody(a)
 	case MethodGetPlacement:
 		return n.membership.ServeBootstrap(ctx, method, body)
 	case MethodStatus, MethodConfigChange, MethodTransferLeader, MethodCaughtUp, MethodSetPlacement, MethodMembership:

@@ -50,6 +50,9 @@ type LockConfig struct {
 	// Now is the local clock the replica dates its observations of grants
 	// and waits with (internal/contention); nil is time.Now.
 	Now func() time.Time
+	// Journal, when not nil, keeps the events of the entries applied last,
+	// for watches.
+	Journal *Journal
 	// ReplayedTo, when not nil, returns the commit index the replica's
 	// stored Raft state recorded when it started: entries up to it were
 	// committed before, and are dated as applied late. It is called once,
@@ -84,6 +87,7 @@ type Lock struct {
 	replayedTo     func() uint64
 	lateTo         uint64 // entries up to this index are applied late
 	seen           *contention.Tracker
+	journal        *Journal
 }
 
 // NewLock returns the state machine of a new replica of cfg.Shard, with an
@@ -101,7 +105,7 @@ func NewLock(cfg LockConfig) *Lock {
 		onApply: cfg.OnApply, skipTermCheck: cfg.SkipTermCheck,
 		maxFormat: maxFormat, maxSnapshot: cfg.MaxSnapshot,
 		snapshotFormat: cfg.SnapshotFormat, halt: cfg.Halt, counts: cfg.Counts,
-		now: now, replayedTo: cfg.ReplayedTo, seen: contention.New(now())}
+		now: now, replayedTo: cfg.ReplayedTo, seen: contention.New(now()), journal: cfg.Journal}
 }
 
 // ResultHalted is the Value of an entry a lock replica did not apply
@@ -131,7 +135,15 @@ func (s *Lock) Update(e sm.Entry) (sm.Result, error) {
 			}
 		}
 	}
-	results, grants := s.state.Apply(e.Index, cmds)
+	var results []lockfsm.Result
+	var grants []lockfsm.Grant
+	if s.journal != nil {
+		var events []lockfsm.Event
+		results, grants, events = s.state.ApplyEvents(e.Index, cmds)
+		s.journal.add(e.Index, events)
+	} else {
+		results, grants = s.state.Apply(e.Index, cmds)
+	}
 	if s.counts != nil {
 		s.counts.Entries.Add(1)
 		s.counts.Commands.Add(uint64(len(cmds)))
@@ -223,6 +235,8 @@ type Query struct {
 	Ages bool `msgpack:"a,omitempty"`
 	// K is how many keys and holds a QueryTop answers, at most MaxTop.
 	K int `msgpack:"n,omitempty"`
+	// Prefix makes a QueryWatch answer every key that starts with Key.
+	Prefix bool `msgpack:"p,omitempty"`
 }
 
 // MaxTop bounds Query.K.
@@ -235,7 +249,12 @@ const (
 	QuerySessions                  // every session, the recorded term and the timed holds
 	QueryTop                       // the most contended keys and longest holds (feature level 3)
 	QueryWaits                     // the keys with waiters, for cross-shard deadlocks (feature level 3)
+	QueryWatch                     // Key's (or, with Prefix, its keys') state and the index it is at (feature level 4)
 )
+
+// MaxWatchKeys bounds the keys a QueryWatch answers: a prefix watch of
+// more keys is refused.
+const MaxWatchKeys = 1024
 
 // MaxWaitAttempts bounds the holders and waiters a QueryWaits answers;
 // past it the answer is cut short (Answer.WaitsComplete false).
@@ -263,6 +282,12 @@ type Answer struct {
 	// unless WaitsComplete is false.
 	Waits         []lockfsm.WaitKey `msgpack:"wt,omitempty"`
 	WaitsComplete bool              `msgpack:"wc,omitempty"`
+	// Keys and Index answer a QueryWatch: the keys held or waited for, at
+	// the state of entry Index; KeysMore is true when there were more
+	// than MaxWatchKeys.
+	Keys     []lockfsm.KeyInfo `msgpack:"ks,omitempty"`
+	Index    uint64            `msgpack:"ix,omitempty"`
+	KeysMore bool              `msgpack:"km,omitempty"`
 }
 
 // Age is how long ago a grant or wait began, as the answering replica
@@ -346,6 +371,13 @@ func (s *Lock) Lookup(q any) (any, error) {
 		a.Waits, a.WaitsComplete = s.state.WaitGraph(MaxWaitAttempts)
 	case QuerySessions:
 		a.Sessions, a.Term, a.Holds = s.state.Sessions(), s.state.Term(), s.state.MaxHolds()
+	case QueryWatch:
+		a.Index = s.state.Index()
+		if lq.Prefix {
+			a.Keys, a.KeysMore = s.state.KeysWithPrefix(lq.Key, MaxWatchKeys)
+		} else if info, ok := s.state.Key(lq.Key); ok {
+			a.Keys = []lockfsm.KeyInfo{info}
+		}
 	default:
 		return nil, fmt.Errorf("shard %d: unknown query kind %d", s.shard, lq.Kind)
 	}
@@ -445,6 +477,9 @@ func (s *Lock) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan st
 		return nil
 	}
 	s.seen.Loaded(s.now(), s.state.LastToken())
+	if s.journal != nil {
+		s.journal.reset(s.state.Index())
+	}
 	return nil
 }
 

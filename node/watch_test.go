@@ -1,0 +1,291 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockmesh/lockmesh/internal/peer"
+)
+
+// next returns the watch's next response that is not a bookmark.
+func next(t *testing.T, ch <-chan WatchResponse) WatchResponse {
+	t.Helper()
+	timeout := time.After(30 * time.Second) // fails a watch that stopped, not a slow one
+	for {
+		select {
+		case r, ok := <-ch:
+			if !ok {
+				t.Fatal("the watch channel closed")
+			}
+			if r.Err != nil {
+				t.Fatalf("the watch ended: %v", r.Err)
+			}
+			if !r.Bookmark {
+				return r
+			}
+		case <-timeout:
+			t.Fatal("no watch response within 30s")
+		}
+	}
+}
+
+func describeEvents(es []WatchEvent) string {
+	var b strings.Builder
+	for _, e := range es {
+		fmt.Fprintf(&b, "%v %s t%d %q; ", e.Kind, e.Key, e.Holder.Token, e.Holder.Value)
+	}
+	return b.String()
+}
+
+// A watch starts from a snapshot, then delivers every entry that touched
+// the key, in index order, all of one entry's events together: a release
+// and the grant it hands the key on to arrive as one response.
+func TestWatchDeliversEveryEntryInOrder(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	s1, s2 := newTestSession(t, ctx, n), newTestSession(t, ctx, n)
+	l1, err := s1.Lock(ctx, "w", WithValue([]byte("a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ch, err := n.Watch(wctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := next(t, ch)
+	if !first.Snapshot || first.Resync || len(first.Keys) != 1 || first.Keys[0].Holders[0].Token != l1.Token() || string(first.Keys[0].Holders[0].Value) != "a" {
+		t.Fatalf("first response %+v, want a snapshot of w held by token %d with value a", first, l1.Token())
+	}
+	last := first.Index
+	expect := func(want string) WatchResponse {
+		t.Helper()
+		r := next(t, ch)
+		if r.Snapshot || r.Index <= last {
+			t.Fatalf("response %+v after index %d, want events of a later entry", r, last)
+		}
+		last = r.Index
+		if got := describeEvents(r.Events); got != want {
+			t.Fatalf("events at %d:\n got %s\nwant %s", r.Index, got, want)
+		}
+		return r
+	}
+	got := make(chan *Lock, 1)
+	go func() {
+		l, _ := s2.Lock(ctx, "w", WithValue([]byte("b")))
+		got <- l
+	}()
+	expect(`queued w t0 "b"; `)
+	if err := l1.SetValue(ctx, []byte("a2")); err != nil {
+		t.Fatal(err)
+	}
+	expect(fmt.Sprintf(`value w t%d "a2"; `, l1.Token()))
+	if err := l1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := <-got
+	expect(fmt.Sprintf(`released w t%d ""; granted w t%d "b"; `, l1.Token(), l2.Token()))
+	// Another key's entries are not this watch's.
+	other, err := s1.Lock(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Release()
+	if err := s2.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expect(fmt.Sprintf(`released w t%d ""; `, l2.Token()))
+
+	// A watch resumed after an index delivers what followed it, without
+	// a snapshot.
+	l3, err := s1.Lock(ctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumed, err := n.Watch(wctx, "w", WithStartIndex(first.Index))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for len(kinds) < 5 {
+		r := next(t, resumed)
+		if r.Snapshot {
+			t.Fatalf("a resumed watch began with a snapshot: %+v", r)
+		}
+		for _, e := range r.Events {
+			kinds = append(kinds, e.Kind.String())
+		}
+	}
+	if got := strings.Join(kinds, " "); got != "queued value released granted released" {
+		t.Fatalf("the resumed watch saw %s", got)
+	}
+	if r := next(t, resumed); len(r.Events) != 1 || r.Events[0].Kind != Granted || r.Events[0].Holder.Token != l3.Token() {
+		t.Fatalf("the resumed watch's next response %+v, want the grant of token %d", r, l3.Token())
+	}
+}
+
+// A prefix watch within one hash tag sees each of its keys; a prefix
+// without a whole hash tag is refused, as are bad keys.
+func TestWatchPrefix(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	for _, tc := range []struct {
+		key  string
+		opts []WatchOption
+		want error
+	}{
+		{"orders/", []WatchOption{WithPrefix()}, ErrInvalidArgument},
+		{"{orders", []WatchOption{WithPrefix()}, ErrInvalidArgument},
+		{"", nil, ErrInvalidKey},
+		{strings.Repeat("k", MaxKeyLen+1), nil, ErrInvalidKey},
+		{"k", []WatchOption{WithWatchBuffer(-1)}, ErrInvalidArgument},
+	} {
+		if _, err := n.Watch(ctx, tc.key, tc.opts...); !errors.Is(err, tc.want) {
+			t.Errorf("Watch(%.20q): %v, want %v", tc.key, err, tc.want)
+		}
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ch, err := n.Watch(wctx, "{o-1}/", WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := next(t, ch); !r.Snapshot || len(r.Keys) != 0 {
+		t.Fatalf("first response %+v, want an empty snapshot", r)
+	}
+	for _, key := range []string{"{o-1}/items", "{o-2}/items", "{o-1}/payment"} {
+		l, err := n.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen []string
+	for len(seen) < 4 {
+		for _, e := range next(t, ch).Events {
+			seen = append(seen, e.Kind.String()+" "+e.Key)
+		}
+	}
+	if got := strings.Join(seen, ", "); got != "granted {o-1}/items, released {o-1}/items, granted {o-1}/payment, released {o-1}/payment" {
+		t.Fatalf("the prefix watch saw %s", got)
+	}
+}
+
+// A watch whose replicas no longer hold the entries after its index says
+// so with a Resync carrying the state, never a silent gap; with
+// WithNoResync it ends with ErrSlowWatcher. A consumer that stops reading
+// holds up only its buffer: it falls behind and is resynced.
+func TestWatchResyncsWhenTheEntriesAreGone(t *testing.T) {
+	peers := startCluster(t, clusterOpts{peers: 1, rf: 1, shards: 1, ttl: 5 * time.Second, hook: func(h *peer.Hooks) { h.JournalEvents = 32 }})
+	n, ctx := peers[0].node, ctxT(t, time.Minute)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ch, err := n.Watch(wctx, "r", WithWatchBuffer(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := next(t, ch)
+	churn := func() {
+		for range 40 { // 80 events, beyond the journals' 32
+			l, err := n.Lock(ctx, "r")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	churn() // nobody reads the watch meanwhile
+	held, err := n.Lock(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the watch held up is at most one answer (a host's batches),
+	// then it resyncs to the state with the lock held.
+	for {
+		r := next(t, ch)
+		if r.Index <= start.Index {
+			t.Fatalf("index %d after %d", r.Index, start.Index)
+		}
+		if r.Resync {
+			if !r.Snapshot || len(r.Keys) != 1 || r.Keys[0].Holders[0].Token != held.Token() {
+				t.Fatalf("the resync %+v, want the state with token %d holding r", r, held.Token())
+			}
+			break
+		}
+	}
+	slow, err := n.Watch(wctx, "r", WithStartIndex(start.Index), WithNoResync())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, ok := <-slow
+	if !ok || !errors.Is(r.Err, ErrSlowWatcher) {
+		t.Fatalf("a watch resumed after entries no longer held, without resyncs: %+v, want ErrSlowWatcher", r)
+	}
+	if _, ok := <-slow; ok {
+		t.Fatal("the watch went on after its error")
+	}
+}
+
+// Observe reports the leader as a read found it, then every change: a
+// new leader (a resignation to the next candidate is one change), a
+// proclamation, a vacancy.
+func TestObserveReportsEveryLeaderChange(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	s1, s2 := newTestSession(t, ctx, n), newTestSession(t, ctx, n)
+	const name = "election/observed"
+	octx, stop := context.WithCancel(ctx)
+	defer stop()
+	obs, err := s2.Election(name).Observe(octx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect := func(want string) {
+		t.Helper()
+		select {
+		case ev := <-obs:
+			got := "vacant"
+			if ev.Err != nil {
+				t.Fatalf("observe ended: %v", ev.Err)
+			}
+			if ev.Leader != nil {
+				got = fmt.Sprintf("%s t%d", ev.Leader.Value, ev.Leader.Term)
+			}
+			if got != want {
+				t.Fatalf("observed %s, want %s", got, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("nothing observed within 30s; want %s", want)
+		}
+	}
+	expect("vacant")
+	ld1, err := s1.Election(name).Campaign(ctx, []byte("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(fmt.Sprintf("one t%d", ld1.Term()))
+	second := campaignAsync(ctx, s2.Election(name), "two")
+	waitQueued(t, n, name, 1)
+	if err := ld1.Proclaim(ctx, []byte("one'")); err != nil {
+		t.Fatal(err)
+	}
+	expect(fmt.Sprintf("one' t%d", ld1.Term()))
+	if err := ld1.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-second
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	expect(fmt.Sprintf("two t%d", r.ld.Term()))
+	if err := r.ld.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expect("vacant")
+}
