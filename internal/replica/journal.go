@@ -124,7 +124,6 @@ func (j *Journal) Since(after uint64, match func(key string) bool, limit int) (b
 	return batches, max(j.last, after), false
 }
 
-
 // Wait blocks until the journal covers an entry after index after, or
 // ctx ends.
 func (j *Journal) Wait(ctx context.Context, after uint64) error {
