@@ -61,6 +61,8 @@ type familyModel struct {
 	limit int
 	// checkKeys, when set, checks the keys against the cluster's layout.
 	checkKeys func(t testing.TB, fc *faultCluster)
+	// watch runs the watch checker (watchcheck_test.go) on the keys.
+	watch bool
 
 	lr       *loadRun // the run it is used in
 	mu       sync.Mutex
@@ -417,8 +419,9 @@ var rwLockModel = porcupine.Model{
 // value it set, or a later term, never an earlier one.
 func electionModel() *familyModel {
 	return &familyModel{
-		name: "election",
-		keys: []string{"election/1", "election/2"},
+		name:  "election",
+		keys:  []string{"election/1", "election/2"},
+		watch: true,
 		take: func(ctx context.Context, m *familyModel, n *Node, who, key string, liveness bool) ([]*Lock, error) {
 			s, err := m.session(ctx, n, who)
 			if err != nil {
@@ -565,6 +568,8 @@ func TestFamilyBrokenVariantsAreCaught(t *testing.T) {
 		{"sem", semModel, grantQueued, "unsafeGrantQueued", has("over the limit"), "more permits held than the semaphore has", 10},
 		{"multi", multiModel, grantQueued, "unsafeGrantQueued", has("inside at once"), "two holders of a key of a LockAll inside at once", 10},
 		{"election", electionModel, grantQueued, "unsafeGrantQueued", has("inside at once"), "two leaders of an election inside at once", 10},
+		{"election-watch", electionModel, func(h *peer.Hooks) { h.UnsafeWatchSkipHandOffs = true }, "unsafeWatchSkipHandOffs", has("watch ", "missed grant"),
+			"a watch that missed a hand-off's grant", 10},
 		{"multi-partial", multiModel, func(h *peer.Hooks) { h.UnsafeKeepPartialLockAll = true }, "unsafeKeepPartialLockAll", has("partial hold"),
 			"a failed LockAll's session still holding a key", 50},
 	} {
@@ -580,6 +585,10 @@ func TestFamilyBrokenVariantsAreCaught(t *testing.T) {
 			lr.longShare = 2
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.maxRounds+30)*time.Second)
 			defer cancel()
+			var watched func()
+			if m.watch {
+				watched = startWatchChecks(context.Background(), lr, t.Logf)
+			}
 			wg := lr.start(ctx)
 			sleepCtx(ctx, 1500*time.Millisecond)
 			rounds := 0
@@ -589,6 +598,9 @@ func TestFamilyBrokenVariantsAreCaught(t *testing.T) {
 			}
 			cancel()
 			wg.Wait()
+			if watched != nil {
+				watched()
+			}
 			ops, keys := lr.hist.size()
 			v := lr.verify(t)
 			t.Logf("nemesis %s-broken (%s): %d ops, %d keys, %d violations, %.1fs", c.name, c.broken, ops, keys, len(v), time.Since(start).Seconds())

@@ -1249,6 +1249,10 @@ func runNemesisModel(t *testing.T, nm nemesis, soak time.Duration, o faultOpts, 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var watched func()
+	if model != nil && model.watch {
+		watched = startWatchChecks(context.Background(), lr, t.Logf)
+	}
 	wg := lr.start(ctx)
 	sleepCtx(ctx, 1500*time.Millisecond) // warm up: sessions open, leaders settle
 	for round := 0; round == 0 || time.Since(start) < soak; round++ {
@@ -1258,6 +1262,9 @@ func runNemesisModel(t *testing.T, nm nemesis, soak time.Duration, o faultOpts, 
 	}
 	cancel()
 	wg.Wait()
+	if watched != nil {
+		watched()
+	}
 	ops, keys := lr.hist.size()
 	r := nemesisResult{ops: ops, keys: keys, violations: lr.verify(t), elapsed: time.Since(start)}
 	t.Logf("%s; %d stale holders fenced off", fc.applies.describe(), lr.res.rejections.Load())

@@ -180,6 +180,10 @@ func (w *watch) run(ctx context.Context) {
 	defer close(w.out)
 	lastSent := time.Now()
 	for attempt := 0; ctx.Err() == nil; {
+		if w.n.peer.IsClosed() {
+			w.send(ctx, WatchResponse{Index: w.req.After, Err: ErrClosed})
+			return
+		}
 		w.req.WaitMillis = uint32(watchBookmarkEvery / time.Millisecond)
 		a, err := w.n.peer.Watch(ctx, w.req)
 		if err != nil {
@@ -192,10 +196,6 @@ func (w *watch) run(ctx context.Context) {
 			}
 			// Resumed from the last index delivered, on whichever host
 			// answers next.
-			if w.n.peer.IsClosed() {
-				w.send(ctx, WatchResponse{Index: w.req.After, Err: ErrClosed})
-				return
-			}
 			_ = w.n.peer.Backoff(ctx, min(attempt, 3))
 			attempt++
 			continue

@@ -108,6 +108,9 @@ func (n *Peer) Watch(ctx context.Context, req WatchRequest) (WatchAnswer, error)
 
 // ServeWatch answers req through this peer's replica of its shard.
 func (n *Peer) ServeWatch(ctx context.Context, req WatchRequest) (WatchAnswer, error) {
+	if n.IsClosed() {
+		return WatchAnswer{}, RPCError(codeClosed, "peer %s is closing", n.cfg.Name)
+	}
 	j := n.journals.of(req.Shard)
 	if j == nil || !n.HostsShard(req.Shard) {
 		return WatchAnswer{}, lockerr.RPC(lockerr.CodeNotHosted, "peer %s hosts no replica of shard %d", n.cfg.Name, req.Shard)
@@ -125,7 +128,7 @@ func (n *Peer) ServeWatch(ctx context.Context, req WatchRequest) (WatchAnswer, e
 			if gone {
 				break
 			}
-			if len(batches) > 0 || j.Wait(wctx, upTo) != nil {
+			if len(batches) > 0 || j.Wait(wctx, upTo) != nil || n.IsClosed() {
 				if n.hooks.UnsafeWatchSkipHandOffs {
 					batches = skipHandOffs(batches)
 				}
