@@ -76,7 +76,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Leadership, err
 	if err := e.s.n.needLevel(level.Coordination, "elections"); err != nil {
 		return nil, err
 	}
-	end, err := e.s.campaign(e.name)
+	elected, end, err := e.s.campaign(e.name)
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +103,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Leadership, err
 		_ = l.Release()
 		return nil, fmt.Errorf("campaign in %q: elected with term %d after the lease ended: %w", e.name, l.Token(), err)
 	}
+	elected(l)
 	ld := &Leadership{e: e, l: l}
 	if !e.s.n.campaigns.lead(c, ld) {
 		// The peer began to leave as it was elected.
@@ -126,26 +127,37 @@ func (e *Election) check(value []byte) error {
 	return checkValue("a campaign's value", value)
 }
 
+// campaignRecord is a Session's campaign in one election: l is its
+// leadership's lock once elected.
+type campaignRecord struct{ l *Lock }
+
 // campaign records that the Session campaigns on name, or fails with
-// ErrAlreadyHeld if it does already; end forgets it.
-func (s *Session) campaign(name string) (end func(), err error) {
+// ErrAlreadyHeld if it does already: it waits, or leads and its Done is
+// open (a leadership whose Done closed is over, even before its record
+// is cleared). elected records the leadership's lock; end forgets the
+// record.
+func (s *Session) campaign(name string) (elected func(*Lock), end func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.campaigns[name] {
-		return nil, fmt.Errorf("campaign in %q: %w: this Session campaigns in it already (it waits or leads); resign first, or campaign through another Session", name, ErrAlreadyHeld)
+	if rec := s.campaigns[name]; rec != nil && (rec.l == nil || rec.l.Err() == nil) {
+		return nil, nil, fmt.Errorf("campaign in %q: %w: this Session campaigns in it already (it waits or leads); resign first, or campaign through another Session", name, ErrAlreadyHeld)
 	}
 	if s.campaigns == nil {
-		s.campaigns = map[string]bool{}
+		s.campaigns = map[string]*campaignRecord{}
 	}
-	s.campaigns[name] = true
-	var once sync.Once
-	return func() {
-		once.Do(func() {
+	rec := &campaignRecord{}
+	s.campaigns[name] = rec
+	return func(l *Lock) {
 			s.mu.Lock()
-			delete(s.campaigns, name)
+			rec.l = l
 			s.mu.Unlock()
-		})
-	}, nil
+		}, func() {
+			s.mu.Lock()
+			if s.campaigns[name] == rec {
+				delete(s.campaigns, name)
+			}
+			s.mu.Unlock()
+		}, nil
 }
 
 // Election returns the election this leadership is of.

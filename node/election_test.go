@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -316,4 +317,22 @@ func TestLeaveResignsFirst(t *testing.T) {
 		t.Fatalf("the next leader's term %d, not above %d", r.ld.Term(), ld.Term())
 	}
 	mustLeader(t, ctx, r.ld.Election(), "staying", r.ld.Term(), 0)
+}
+
+// A Session campaigns again the moment its leadership's Done closes: the
+// leadership is over then, even before its record is cleared.
+func TestCampaignAgainAtDone(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	s := newTestSession(t, ctx, n)
+	e := s.Election("election/again")
+	var resigns sync.WaitGroup
+	defer resigns.Wait()
+	for i := range 20 {
+		ld, err := e.Campaign(ctx, nil)
+		if err != nil {
+			t.Fatalf("campaign %d: %v", i, err)
+		}
+		resigns.Go(func() { _ = ld.Resign(ctx) })
+		<-ld.Done()
+	}
 }

@@ -40,7 +40,7 @@ type Session struct {
 	cs *client.Session // its replicated sessions, leases and end
 
 	mu        sync.Mutex
-	campaigns map[string]bool // the elections it campaigns in (Campaign)
+	campaigns map[string]*campaignRecord // the elections it campaigns in (Campaign)
 }
 
 // SessionOption configures NewSession.
