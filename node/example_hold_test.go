@@ -60,3 +60,30 @@ func ExampleNewSyncLocker() {
 	mu.Unlock()
 	// Output: editing the config file
 }
+
+// A long holder learns that somebody waits for its key, and lets go.
+func ExampleLock_Contended() {
+	n, stop := startExamplePeer()
+	defer stop()
+	ctx := context.Background()
+
+	l, err := n.Lock(ctx, "batch-import")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() {
+		other, err := n.NewSession(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		next, err := other.Lock(ctx, "batch-import")
+		if err == nil {
+			next.Unlock(ctx)
+		}
+		other.Close(ctx)
+	}()
+	<-l.Contended() // between two batches, say
+	fmt.Println("somebody waits: letting go")
+	l.Unlock(ctx)
+	// Output: somebody waits: letting go
+}

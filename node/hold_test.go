@@ -242,3 +242,48 @@ func panicOf(f func()) (msg string) {
 	f()
 	return ""
 }
+
+// Contended closes once somebody queues for the held key, and not
+// before.
+func TestContended(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	s1, s2 := newTestSession(t, ctx, n), newTestSession(t, ctx, n)
+	l, err := s1.Lock(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	contended := l.Contended()
+	if l.Contended() != contended {
+		t.Fatal("a second Contended returned another channel")
+	}
+	// Another key's waiter is not this key's.
+	other, err := s1.Lock(ctx, "quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := other.Contended()
+	waiting := make(chan *Lock, 1)
+	go func() {
+		l2, _ := s2.Lock(ctx, "busy")
+		waiting <- l2
+	}()
+	select {
+	case <-contended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Contended still open 30s after a waiter queued")
+	}
+	select {
+	case <-quiet:
+		t.Fatal("Contended of a key nobody waits for closed")
+	default:
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l2 := <-waiting; l2 == nil {
+		t.Fatal("the waiter was not granted")
+	} else {
+		l2.Release()
+	}
+	other.Release()
+}

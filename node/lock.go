@@ -19,6 +19,7 @@ const MaxKeyLen = lockfsm.MaxKeyLen
 // other grant of the same key. Methods are safe for concurrent use.
 type Lock struct {
 	h *client.Held // the grant, its session and its end
+	n *Node        // the node it was taken through
 	// given is set once this hold was unlocked or released: a reentrant
 	// grant is shared by several Locks, each of which gives up one hold.
 	given atomic.Bool
@@ -33,6 +34,8 @@ type Lock struct {
 	// given up; nil once it was.
 	mu     sync.Mutex
 	onGive []func()
+	// contended is Contended's channel, made at its first call.
+	contended chan struct{}
 }
 
 // Key returns the locked key.
@@ -134,6 +137,49 @@ func (l *Lock) SetValue(ctx context.Context, v []byte) error {
 	return l.h.SetValue(ctx, v)
 }
 
+// Contended returns a channel that is closed once somebody waits for the
+// key while this lock holds it (Chubby's "someone is waiting"), so that a
+// long holder can finish up and let go. The first call starts a watch of
+// the key (Watch), which ends with the hold; the channel stays open if
+// nobody queues before then, if the watch fails, or below feature level
+// 4, where there are no watches. Every call returns the same channel.
+func (l *Lock) Contended() <-chan struct{} {
+	l.mu.Lock()
+	if l.contended != nil {
+		l.mu.Unlock()
+		return l.contended
+	}
+	ch := make(chan struct{})
+	l.contended = ch
+	l.mu.Unlock()
+	if !l.n.peer.ClusterLevel().HasCoordination() {
+		return ch
+	}
+	ctx := l.Context(context.Background())
+	go func() {
+		watch, err := l.n.Watch(ctx, l.Key())
+		if err != nil {
+			return
+		}
+		for r := range watch {
+			queued := false
+			for _, k := range r.Keys {
+				queued = queued || len(k.Waiters) > 0
+			}
+			for _, e := range r.Events {
+				queued = queued || e.Kind == Queued
+			}
+			if queued {
+				close(ch)
+				break
+			}
+		}
+		for range watch { // until the hold ends and the watch with it
+		}
+	}()
+	return ch
+}
+
 // Permits returns how many permits this grant holds: what Semaphore's
 // Acquire asked for, and 1 for every other lock.
 func (l *Lock) Permits() int { return int(max(l.h.Spec().Permits, 1)) }
@@ -227,7 +273,7 @@ func (n *Node) acquire(ctx context.Context, key string, wait bool, opts []LockOp
 		if h == nil {
 			return nil, publicErr(err)
 		}
-		return &Lock{h: h, obs: n.obs}, nil
+		return &Lock{h: h, n: n, obs: n.obs}, nil
 	}
 }
 

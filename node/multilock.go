@@ -191,7 +191,7 @@ func (s *Session) lockAll(ctx context.Context, keys []string, wait bool) (m *Mul
 			return nil, publicErr(err)
 		}
 		for _, h := range hs {
-			held[h.Key()] = &Lock{h: h, obs: n.obs}
+			held[h.Key()] = &Lock{h: h, n: n, obs: n.obs}
 		}
 	}
 	m = &MultiLock{locks: make([]*Lock, len(keys))}

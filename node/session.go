@@ -180,7 +180,7 @@ func (s *Session) acquire(ctx context.Context, key string, wait bool, spec clien
 	if h == nil {
 		return nil, publicErr(err)
 	}
-	return &Lock{h: h, obs: s.n.obs}, nil
+	return &Lock{h: h, n: s.n, obs: s.n.obs}, nil
 }
 
 // Close ends the session now: its locks' Done close (ErrSessionClosed),
