@@ -20,7 +20,7 @@ func limitOf(c *Command) uint32 {
 
 // newAttempt is the record of the new Acquire c.
 func newAttempt(c *Command) *attempt {
-	at := &attempt{key: c.Key, last: c.Req, kind: c.Kind, permits: 1, deadlock: c.Flags&FlagDeadlock != 0}
+	at := &attempt{key: c.Key, last: c.Req, kind: c.Kind, permits: 1, deadlock: c.Flags&FlagDeadlock != 0, priority: c.Priority}
 	if c.Kind == KindSemaphore && c.Permits > 0 {
 		at.permits = c.Permits
 	}
@@ -36,6 +36,9 @@ func (s *State) checkAcquire(c *Command) (k *lockKey, res Result, ok bool) {
 	}
 	if c.Flags&^knownFlags != 0 {
 		return nil, invalid(fmt.Sprintf("Acquire: unknown flags %#x", uint8(c.Flags&^knownFlags))), false
+	}
+	if c.Priority != 0 && (c.Flags&FlagDeadlock != 0 || c.Group != 0) {
+		return nil, invalid(fmt.Sprintf("Acquire %q: a prioritized wait is neither deadlock-checked nor in a group", c.Key)), false
 	}
 	switch c.Kind {
 	case KindRead, KindWrite:

@@ -58,8 +58,9 @@ const (
 	tagFlags
 	tagMaxHold
 	tagCapped
-	tagValue // feature level 4
-	maxTag   = tagValue
+	tagValue // feature level 4, as is the tag below
+	tagPriority
+	maxTag = tagPriority
 )
 
 // EncodeCommands encodes a batch for one Raft entry in the newest format,
@@ -142,7 +143,7 @@ func MinCommandFormat(cmds []Command) byte {
 // those of level 3 and above.
 func (c *Command) FeatureLevel() uint8 {
 	switch {
-	case len(c.Value) > 0 || c.Op >= OpSetValue:
+	case len(c.Value) > 0 || c.Priority != 0 || c.Op >= OpSetValue:
 		return 4
 	case c.Label != 0 || c.Kind != 0 || c.Permits != 0 || c.Group != 0 || c.Flags != 0 || c.MaxHoldMillis != 0 || c.Capped || c.Op > OpLeaderTerm:
 		return 3
@@ -172,7 +173,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 		true, c.Session != 0, c.Req != 0, c.Ack != 0, c.Key != "", c.Wait,
 		c.Limit != 0, c.Target != 0, c.Owner != "", c.TTLMillis != 0, c.Term != 0, c.Label != 0,
 		c.Kind != 0, c.Permits != 0, c.Group != 0, c.Flags != 0, c.MaxHoldMillis != 0, c.Capped,
-		len(c.Value) > 0,
+		len(c.Value) > 0, c.Priority != 0,
 	} {
 		if present {
 			n++
@@ -216,6 +217,7 @@ func encodeTagged(e *msgpack.Encoder, c *Command) {
 		_ = e.EncodeBool(true)
 	}
 	str(tagValue, string(c.Value))
+	num(tagPriority, uint64(c.Priority))
 }
 
 // DecodeCommands decodes what EncodeCommands or EncodeCommandsFormat
@@ -348,6 +350,8 @@ func (d *decoder) tagged(c *Command) {
 			}
 		case tagValue:
 			c.Value = []byte(d.nonempty("value", d.str("value", MaxValueLen)))
+		case tagPriority:
+			c.Priority = uint8(d.nonzero("priority", d.uint("priority", math.MaxUint8)))
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("lockfsm: decode commands: %w: field tag %d at byte %d, written by a newer release: upgrade this peer", ErrUnsupported, tag, d.pos)

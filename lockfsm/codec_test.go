@@ -25,7 +25,7 @@ var sampleCommands = []Command{
 	{Op: OpExpireSession, Session: 9, Term: 3, Ack: 1},
 	{Op: OpAcquire, Session: 3, Req: 4, Key: "s", Kind: KindSemaphore, Limit: 9, Permits: 2, Group: 2, Flags: FlagDetail, MaxHoldMillis: 1 << 40},
 	{Op: OpExpireHold, Session: 3, Target: 4, Term: 7},
-	{Op: OpAcquire, Session: 3, Req: 5, Key: "leader", Value: []byte("host-1:8080")},
+	{Op: OpAcquire, Session: 3, Req: 5, Key: "leader", Value: []byte("host-1:8080"), Priority: 7},
 	{Op: OpSetValue, Session: 3, Req: 6, Target: 5, Value: []byte{0, 0xff, 'v'}},
 }
 

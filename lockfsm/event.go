@@ -1,6 +1,9 @@
 package lockfsm
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Events: what an entry changed, key by key, for watchers. ApplyEvents
 // reports them beside the results; they are a function of the state and
@@ -64,6 +67,9 @@ type Event struct {
 	Lock    Kind   // the attempt's kind
 	Permits uint32 // a semaphore attempt's permits; 1 for every other
 	Value   []byte
+	// Position is a Queued attempt's place in the key's queue (0 is its
+	// head): the tail, but for a prioritized wait (Command.Priority).
+	Position int
 }
 
 // ApplyEvents is Apply that also returns the events of the entry, in the
@@ -87,6 +93,9 @@ func (a *applier) event(kind EventKind, key string, sess *session, req uint64, a
 	}
 	if kind == EventGranted || kind == EventQueued || kind == EventValue {
 		e.Value = a.s.values[ref{sess.id, req}]
+	}
+	if kind == EventQueued {
+		e.Position = slices.Index(a.s.keys[key].waiters(), ref{sess.id, req})
 	}
 	*a.events = append(*a.events, e)
 }

@@ -143,7 +143,9 @@ func (c *checker) checkEvents(es []Event) error {
 			m.holders, ok = append(m.holders, h), true
 		case EventQueued:
 			h.Token = 0
-			m.waiters, ok = append(m.waiters, h), true
+			if ok = e.Position >= 0 && e.Position <= len(m.waiters); ok {
+				m.waiters = slices.Insert(m.waiters, e.Position, h)
+			}
 		case EventReleased, EventExpired:
 			m.holders, ok = drop(m.holders, e)
 		case EventCancelled:
@@ -483,6 +485,9 @@ func genFamilyLog(data []byte) [][]Command {
 				}
 				if b&0x08 != 0 {
 					c.Value = fmt.Appendf(nil, "v%d.%d", slot, reqs[slot])
+				}
+				if b&0x04 != 0 {
+					c.Priority = next() % 3 // with FlagDeadlock: refused
 				}
 				entry = append(entry, c)
 			case op < 7: // the leader: a new term, or a hold ended in this term or a stale one

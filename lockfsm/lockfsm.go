@@ -235,6 +235,13 @@ type Command struct {
 	// election's leader proclaims itself in it. Empty is none.
 	// FormatTagged only (tag 19), from feature level 4.
 	Value []byte
+	// Priority orders an Acquire that waits ahead of the waiters of
+	// lower priority that are neither deadlock-checked (FlagDeadlock) nor
+	// of a group: those gain no wait-for edge the deadlock check would
+	// have to see. Among equals, and behind every other waiter, the queue
+	// stays FIFO. 0 is none. A Priority with FlagDeadlock, or in a group,
+	// is StatusInvalid. FormatTagged only (tag 20), from feature level 4.
+	Priority uint8
 }
 
 // Status is the outcome of one command.
@@ -400,6 +407,7 @@ type attempt struct {
 	// deadlock records FlagDeadlock: the attempt's session counts as one
 	// thread of control, so its waits are edges of the wait-for graph.
 	deadlock bool
+	priority uint8 // Command.Priority
 }
 
 // first is the request id of the first attempt of the group of req, the
@@ -884,7 +892,7 @@ func (a *applier) acquire(sess *session, c *Command) Result {
 		k = newLockKey(limitOf(c), roleOf(c.Kind))
 		a.s.keys[c.Key] = k
 	}
-	if len(k.waiters()) == 0 && a.s.canGrant(k, at) {
+	if a.s.queuePos(k, at) == 0 && a.s.canGrant(k, at) {
 		a.s.noteLive(sess.id, c)
 		a.grant(c.Key, k, sess, c.Req, at, false)
 		return Result{Status: StatusGranted, Token: at.token}
@@ -939,12 +947,31 @@ func repeat(at *attempt, c *Command) Result {
 	return answer(at)
 }
 
-// enqueue makes the new attempt a waiter at the tail of k's queue.
+// enqueue makes the new attempt a waiter of k: at the tail of its queue,
+// or for a prioritized one (Command.Priority) ahead of the waiters it may
+// pass.
 func (a *applier) enqueue(k *lockKey, sess *session, req uint64, at *attempt) {
 	at.state = ReqWaiting
 	sess.waiting++
-	k.setWaiters(append(k.waiters(), ref{session: sess.id, req: req}))
+	k.setWaiters(slices.Insert(k.waiters(), a.s.queuePos(k, at), ref{session: sess.id, req: req}))
 	a.event(EventQueued, at.key, sess, req, at)
+}
+
+// queuePos is where the new attempt at joins k's queue: its tail, or for
+// a prioritized one ahead of the waiters of lower priority that are
+// neither deadlock-checked nor of a group. At 0, at is its head, and is
+// granted at once if it can be.
+func (s *State) queuePos(k *lockKey, at *attempt) int {
+	q := k.waiters()
+	pos := len(q)
+	for at.priority > 0 && pos > 0 {
+		w := s.attemptOf(q[pos-1])
+		if w.priority >= at.priority || w.deadlock || w.size != 0 {
+			break
+		}
+		pos--
+	}
+	return pos
 }
 
 // dropIfIdle deletes k, made for an attempt that was then refused, once

@@ -18,11 +18,11 @@ import (
 //
 //	[index, lastToken, term, sessions, keys]
 //	session: [id, owner, ttlMillis, ack, attempts, label]   sessions sorted by id
-//	attempt: [req, key, state, token, last, kind, permits, group, size, deadlock, maxHoldMillis, value]
+//	attempt: [req, key, state, token, last, kind, permits, group, size, deadlock, maxHoldMillis, value, priority]
 //	                                                 attempts sorted by req
 //
 // Version 3 (feature level 3) attempts end at maxHoldMillis: they load
-// without values.
+// without values or priorities.
 //	key:     [key, limit, holders, waiters, role]    keys sorted by bytes
 //	holder:  [session, req, token]                   in grant order
 //	waiter:  [session, req]                          in FIFO order
@@ -42,7 +42,7 @@ const (
 	snapshotFieldsV1 = 4
 	sessionFields    = 6
 	sessionFieldsV2  = 5
-	attemptFields    = 12
+	attemptFields    = 13
 	attemptFieldsV3  = 11
 	attemptFieldsV2  = 5
 	keyFields        = 5
@@ -125,6 +125,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 			}
 			if atFields == attemptFields {
 				e.str(string(s.values[ref{sess.id, req}]))
+				e.uint(uint64(at.priority))
 			}
 		}
 		if fields == sessionFields {
@@ -179,6 +180,13 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 func (s *State) MinSnapshotFormat() byte {
 	if len(s.values) > 0 {
 		return 4
+	}
+	for _, sess := range s.sessions {
+		for _, at := range sess.reqs {
+			if at.priority != 0 {
+				return 4
+			}
+		}
 	}
 	for _, sess := range s.sessions {
 		if sess.label != 0 {
@@ -341,6 +349,7 @@ func decodeSnapshot(b []byte) (*State, error) {
 					}
 					s.values[ref{sess.id, req}] = []byte(v)
 				}
+				at.priority = uint8(d.uint("priority", math.MaxUint8))
 			}
 			if d.err != nil {
 				return nil, d.err

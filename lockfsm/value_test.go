@@ -118,6 +118,7 @@ func TestFeatureLevel(t *testing.T) {
 		{Command{Op: OpOpenSession, Capped: true}, 3},
 		{Command{Op: OpAcquire, Key: "k", Value: []byte("v")}, 4},
 		{Command{Op: OpSetValue}, 4},
+		{Command{Op: OpAcquire, Key: "k", Priority: 1}, 4},
 	} {
 		if got := tc.cmd.FeatureLevel(); got != tc.want {
 			t.Errorf("%+v: level %d, want %d", tc.cmd, got, tc.want)

@@ -56,9 +56,12 @@ type Leadership struct {
 }
 
 // Campaign waits until this Session is elected, in FIFO order among the
-// candidates (priorities aside), and returns its leadership, proclaiming
+// candidates of its priority (WithPriority: a candidate of higher
+// priority is elected first), and returns its leadership, proclaiming
 // value (at most MaxValueLen bytes; nil for none) for Leader and
-// observers to read.
+// observers to read. WithMaxHold bounds the term: the cluster ends it
+// then, as if the lease had run out. A WithValue among opts is
+// ignored: value is the proclamation.
 //
 // It never returns a leadership without a live lease: a candidate whose
 // Session is lost while it waits, or whose lease ran out by the time it
@@ -69,10 +72,15 @@ type Leadership struct {
 // A Session campaigns on a name once at a time: a second Campaign on the
 // same name while the first waits or leads fails at once with
 // ErrAlreadyHeld. Needs feature level 4.
-func (e *Election) Campaign(ctx context.Context, value []byte) (*Leadership, error) {
+func (e *Election) Campaign(ctx context.Context, value []byte, opts ...LockOption) (*Leadership, error) {
 	if err := e.check(value); err != nil {
 		return nil, err
 	}
+	spec, err := e.s.n.spec(client.Spec{}, opts)
+	if err != nil {
+		return nil, err
+	}
+	spec.Value = value
 	if err := e.s.n.needLevel(level.Coordination, "elections"); err != nil {
 		return nil, err
 	}
@@ -87,7 +95,9 @@ func (e *Election) Campaign(ctx context.Context, value []byte) (*Leadership, err
 		end()
 		return nil, fmt.Errorf("campaign in %q: %w", e.name, err)
 	}
-	l, err := e.s.acquire(ctx, e.name, true, client.Spec{Value: value}, nil)
+	// A candidate's wait is not deadlock-checked, so that candidates of
+	// higher priority may pass it (WithPriority).
+	l, err := e.s.acquireChecked(ctx, e.name, true, spec, nil, false)
 	if err != nil {
 		end()
 		e.s.n.campaigns.drop(c)

@@ -336,3 +336,40 @@ func TestCampaignAgainAtDone(t *testing.T) {
 		<-ld.Done()
 	}
 }
+
+// A candidate of higher priority is elected before those of lower
+// priority that waited longer; equals stay FIFO.
+func TestCampaignPriority(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	const name = "election/priority"
+	leader, err := newTestSession(t, ctx, n).Election(name).Campaign(ctx, []byte("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := campaignAsync(ctx, newTestSession(t, ctx, n).Election(name), "low")
+	waitQueued(t, n, name, 1)
+	ch := make(chan campaignResult, 1)
+	go func() {
+		ld, err := newTestSession(t, ctx, n).Election(name).Campaign(ctx, []byte("high"), WithPriority(5))
+		ch <- campaignResult{ld, err}
+	}()
+	waitQueued(t, n, name, 2)
+	info, err := n.Inspect(ctx, name)
+	if err != nil || string(info.Waiters[0].Value) != "high" {
+		t.Fatalf("queue %+v, %v: want the prioritized candidate first", info.Waiters, err)
+	}
+	if err := leader.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	high := <-ch
+	if high.err != nil {
+		t.Fatal(high.err)
+	}
+	mustLeader(t, ctx, high.ld.Election(), "high", high.ld.Term(), 1)
+	if err := high.ld.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-low; r.err != nil || r.ld.Term() <= high.ld.Term() {
+		t.Fatalf("the low candidate after the high one: %v, %v", r.ld, r.err)
+	}
+}

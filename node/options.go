@@ -42,9 +42,21 @@ func (n *Node) needLevel(l level.Level, what string) error {
 type LockOption func(*lockOptions)
 
 type lockOptions struct {
-	maxHold time.Duration
-	value   []byte
-	valued  bool
+	maxHold  time.Duration
+	value    []byte
+	valued   bool
+	priority uint8
+}
+
+// WithPriority queues the call's wait ahead of waiters of lower priority
+// (0, the default, is the lowest), FIFO among equals: a candidate that
+// should lead when it can (Campaign), a job that should not wait behind a
+// batch. It never passes a waiter whose wait is deadlock-checked (every
+// Session's lock but a prioritized one) or a LockAll group, and its own
+// wait is not deadlock-checked. A waiter already queued keeps its place
+// ahead of later ones of equal priority. Needs feature level 4.
+func WithPriority(p uint8) LockOption {
+	return func(o *lockOptions) { o.priority = p }
 }
 
 // MaxValueLen is the longest value, in bytes, a hold carries (WithValue,
@@ -95,6 +107,12 @@ func (n *Node) spec(spec client.Spec, opts []LockOption) (client.Spec, error) {
 			}
 			spec.Value = o.value
 		}
+	}
+	if o.priority != 0 {
+		if err := n.needLevel(level.Coordination, "priorities"); err != nil {
+			return spec, err
+		}
+		spec.Priority = o.priority
 	}
 	if o.maxHold == 0 {
 		return spec, nil

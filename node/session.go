@@ -158,13 +158,22 @@ func (s *Session) TryLock(ctx context.Context, key string, opts ...LockOption) (
 // names the holders, and a wait that closes a cycle of Sessions is
 // refused (a Session is one thread of control: see WithReentrant).
 func (s *Session) acquire(ctx context.Context, key string, wait bool, spec client.Spec, opts []LockOption) (l *Lock, err error) {
+	return s.acquireChecked(ctx, key, wait, spec, opts, true)
+}
+
+// acquireChecked is acquire; a wait is deadlock-checked only with checked
+// (and without a priority, which passes unchecked waiters only).
+func (s *Session) acquireChecked(ctx context.Context, key string, wait bool, spec client.Spec, opts []LockOption, checked bool) (l *Lock, err error) {
 	ctx, call := s.n.obs.startAcquire(ctx, primitiveOf(spec), wait, key)
 	defer func() { call.endLock(ctx, l, err) }()
 	if spec, err = s.n.spec(spec, opts); err != nil {
 		return nil, err
 	}
 	if s.n.peer.ClusterLevel().HasLockFamily() {
-		spec.Flags |= lockfsm.FlagDetail | lockfsm.FlagDeadlock
+		spec.Flags |= lockfsm.FlagDetail
+		if checked && spec.Priority == 0 {
+			spec.Flags |= lockfsm.FlagDeadlock
+		}
 	}
 	shard, err := s.n.shardFor(ctx, key)
 	if err != nil {

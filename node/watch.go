@@ -65,6 +65,9 @@ type WatchEvent struct {
 	// grant's (0 for a waiter's events), its Value the one after the
 	// event. Age is not set.
 	Holder Holder
+	// Position is a Queued waiter's place in the key's queue (0 is its
+	// head): the tail, unless it waits with a priority (WithPriority).
+	Position int
 }
 
 // WatchResponse is what a watch delivers: a snapshot of the watched keys
@@ -256,7 +259,7 @@ func watchEvents(es []lockfsm.Event) []WatchEvent {
 	out := make([]WatchEvent, len(es))
 	for i, e := range es {
 		out[i] = WatchEvent{Kind: WatchEventKind(e.Kind), Key: e.Key, Holder: Holder{
-			Peer: e.Owner, Session: e.Label, ShardSession: e.Session, Request: e.Req, Token: e.Token, Value: e.Value}}
+			Peer: e.Owner, Session: e.Label, ShardSession: e.Session, Request: e.Req, Token: e.Token, Value: e.Value}, Position: e.Position}
 	}
 	return out
 }

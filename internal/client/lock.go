@@ -176,6 +176,8 @@ type Spec struct {
 	// Value is the attempt's value (lockfsm.Command.Value): its holder's
 	// word on its hold, which reads of the key return.
 	Value []byte
+	// Priority orders its wait (lockfsm.Command.Priority).
+	Priority uint8
 }
 
 // Spec returns what the grant was asked as, with the value its last
@@ -591,7 +593,7 @@ func (s *ShardSession) attempt(ctx context.Context, keys []string, specs []Spec,
 			Op: lockfsm.OpAcquire, Session: s.id, Req: req, Ack: s.attempts.Ack(), Key: key, Wait: wait,
 			Kind: sp.Kind, Limit: max(sp.Limit, 1), Permits: sp.Permits, Flags: sp.Flags,
 			MaxHoldMillis: uint64((sp.MaxHold + time.Millisecond - 1) / time.Millisecond), // rounded up: the cluster waits longer
-			Value:         sp.Value,
+			Value:         sp.Value, Priority: sp.Priority,
 		}
 		if sp.Kind == lockfsm.KindRead || sp.Kind == lockfsm.KindWrite {
 			cmds[i].Limit = 0
