@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/lockerr"
 	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/replica"
@@ -338,7 +339,7 @@ func TestSecurityRPCTLS(t *testing.T) {
 	lockAndUnlock(t, joiner.node, "rpc/a")
 
 	addr := peers[0].node.peer.RPCAddr()
-	call := func(cfg *tls.Config) ([]byte, error) {
+	callMethod := func(cfg *tls.Config, method uint8, body []byte) ([]byte, error) {
 		c, err := transport.NewClient(transport.Config{TLS: cfg, DialTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -346,8 +347,9 @@ func TestSecurityRPCTLS(t *testing.T) {
 		defer c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		return c.Call(ctx, addr, peer.MethodGetPlacement, nil)
+		return c.Call(ctx, addr, method, body)
 	}
+	call := func(cfg *tls.Config) ([]byte, error) { return callMethod(cfg, peer.MethodGetPlacement, nil) }
 	rootsOnly := ca.Issue("no-client-cert")
 	rootsOnly.Certificates = nil
 	for name, cfg := range map[string]*tls.Config{
@@ -372,6 +374,14 @@ func TestSecurityRPCTLS(t *testing.T) {
 	// review: it used to read the layout and release others' locks).
 	if _, err := call(ca.Issue("operator")); lockerr.Code(err) != lockerr.CodeForbidden {
 		t.Fatalf("client with a certificate of the cluster's CA for a non-member: %v, want forbidden", err)
+	}
+	// Nor may it watch a key: a watch is a read.
+	watch, err := peer.EncodeBody(peer.WatchRequest{Shard: layout.FirstLockShard, Key: "k", Level: level.Max})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := callMethod(ca.Issue("operator"), peer.MethodWatch, watch); lockerr.Code(err) != lockerr.CodeForbidden {
+		t.Fatalf("a watch by a non-member: %v, want forbidden", err)
 	}
 	raw, err := call(ca.Issue(peers[1].cfg.Name))
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockmesh/lockmesh/internal/layout"
 	"github.com/lockmesh/lockmesh/internal/peer"
 )
 
@@ -288,4 +289,69 @@ func TestObserveReportsEveryLeaderChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("vacant")
+}
+
+// A peer with no replica of the key's shard watches it through a host
+// (MethodWatch), and goes on through another host when its host leaves.
+func TestWatchThroughAnotherPeer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three peers")
+	}
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 1, shards: 1, ttl: 2 * time.Second})
+	ctx := ctxT(t, 90*time.Second)
+	var watcher, host *Node
+	for _, p := range peers {
+		if p.node.peer.HostsShard(layout.FirstLockShard) {
+			host = p.node
+		} else if watcher == nil {
+			watcher = p.node
+		}
+	}
+	if host == nil || watcher == nil {
+		t.Fatal("no host and non-host of the lock shard")
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ch, err := watcher.Watch(wctx, "far")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := next(t, ch).Index
+	tokens := map[uint64]bool{}
+	lockOnce := func(n *Node) {
+		l, err := n.Lock(ctx, "far")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[l.Token()] = true
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lockOnce(host)
+	// The host leaves: the shard's replica moves to another peer, and the
+	// watch resumes there after the last index it delivered.
+	if err := host.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lockOnce(watcher)
+	for len(tokens) > 0 {
+		r := next(t, ch)
+		if r.Index <= last {
+			t.Fatalf("index %d after %d", r.Index, last)
+		}
+		last = r.Index
+		for _, e := range r.Events {
+			if e.Kind == Granted {
+				delete(tokens, e.Holder.Token)
+			}
+		}
+		if r.Resync {
+			// The new host was sent a snapshot, and its journal begins
+			// there: the watch says so rather than skip, and what came
+			// before is in the state it carries.
+			t.Logf("resynced at index %d after the host left: %+v", r.Index, r.Keys)
+			break
+		}
+	}
 }
