@@ -277,7 +277,7 @@ func (n *Node) Leader(ctx context.Context, name string) (LeaderInfo, error) {
 // candidate is elected at once) and returns fn's error. When the
 // leadership ends first, it waits for fn to return and campaigns again;
 // a Session that was lost ends RunElected with its error (run it with a
-// Session per attempt, or the node's, if that should not end it). When
+// new Session per call, if that should not end it). When
 // ctx ends, it withdraws or resigns and returns ctx's error.
 func RunElected(ctx context.Context, e *Election, value []byte, fn func(ctx context.Context, ld *Leadership) error) error {
 	for {

@@ -35,15 +35,15 @@ import (
 //  5. only when this tree speaks a newer feature level than the previous
 //     release: the clients of the previous release are upgraded too (the
 //     level rises only when every gossip member speaks it, client-only
-//     peers included). Until then this tree's clients try a read/write
-//     lock (the lock family, level 3) every 100ms and must be refused,
-//     saying why, while mutexes go on; after the raise they must be
-//     granted one. Once the cluster's level is raised, s3 is started with
-//     the previous release on its upgraded data dir and must refuse to
-//     start or serve, saying on its own stderr why (a line naming the
-//     feature level). fc10b2a speaks levels 1 and 2 and this tree 1 to
-//     3, so this step runs; between two releases of one level range it
-//     logs why it does not.
+//     peers included). Until then this tree's clients try what the newest
+//     level brings (-probe-level: a lock with a value, level 4) every
+//     100ms and must be refused, saying why, while mutexes go on; after
+//     the raise they must be granted one. Once the cluster's level is
+//     raised, s3 is started with the previous release on its upgraded
+//     data dir and must refuse to start or serve, saying on its own
+//     stderr why (a line naming the feature level). 0.2.0 (f846c0d)
+//     speaks levels 1 to 3 and this tree 1 to 4, so this step runs;
+//     between two releases of one level range it logs why it does not.
 //
 // Throughout, a ledger per key (safety_test.go) fails the test on a token
 // that does not rise or a grant made while an earlier holder still
@@ -64,7 +64,7 @@ import (
 // The previous release cannot be asked for that line, so for both
 // releases the test also asks the server from outside, over lockmesh's
 // RPC, the question its controller asks before it counts a new replica
-// (methodCaughtUp, wire-compatible with fc10b2a; see replicaProbe): does
+// (methodCaughtUp, wire-compatible with every release; see replicaProbe): does
 // your replica of this shard serve a linearizable read? Every shard it
 // runs, the meta shard included, must say yes. The same check runs on all
 // three servers once the cluster has formed, and the state of every
