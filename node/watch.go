@@ -123,7 +123,7 @@ func WithNoResync() WatchOption { return func(o *watchOptions) { o.noResync = tr
 
 // WithWatchBuffer sets how many responses the watch channel buffers (16
 // by default). A consumer that stops reading holds up at most that many
-// responses and one host's answer (peer.MaxWatchEvents events); the watch
+// responses and one host's answer (about 63 KiB of events); the watch
 // stops asking meanwhile, and resumes, or resyncs, when it reads again.
 func WithWatchBuffer(n int) WatchOption { return func(o *watchOptions) { o.buffer = n } }
 
@@ -174,9 +174,12 @@ func (n *Node) Watch(ctx context.Context, key string, opts ...WatchOption) (<-ch
 // index it delivered, and delivers it, one answer at a time.
 type watch struct {
 	n   *Node
-	req peer.WatchRequest
+	req peer.WatchRequest // its After is the last index delivered, or 0 to ask for a snapshot
 	o   watchOptions
 	out chan WatchResponse
+	// resync is set once a host said the entries after the last index
+	// delivered are gone: the snapshot asked for then is a Resync.
+	resync bool
 }
 
 func (w *watch) run(ctx context.Context) {
@@ -205,23 +208,25 @@ func (w *watch) run(ctx context.Context) {
 		}
 		attempt = 0
 		switch {
+		case a.Gone:
+			if w.o.noResync {
+				w.send(ctx, WatchResponse{Index: w.req.After, Err: fmt.Errorf("watch %q: %w: the entries after index %d are no longer held", w.req.Key, ErrSlowWatcher, w.req.After)})
+				return
+			}
+			w.resync, w.req.After = true, 0 // a snapshot, next
 		case a.Snapshot:
 			if a.KeysMore {
 				w.send(ctx, WatchResponse{Index: w.req.After, Err: fmt.Errorf("%w: watch of prefix %q: more than %d keys are held or waited for", ErrInvalidArgument, w.req.Key, replica.MaxWatchKeys)})
-				return
-			}
-			if a.Resync && w.o.noResync {
-				w.send(ctx, WatchResponse{Index: w.req.After, Err: fmt.Errorf("watch %q: %w: the entries after index %d are no longer held", w.req.Key, ErrSlowWatcher, w.req.After)})
 				return
 			}
 			keys := make([]KeyInfo, len(a.Keys))
 			for i, k := range a.Keys {
 				keys[i] = KeyInfo{Key: k.Key, Shard: w.req.Shard, Holders: holders(k.Holders), Waiters: holders(k.Waiters)}
 			}
-			if !w.send(ctx, WatchResponse{Index: a.Index, Snapshot: true, Resync: a.Resync, Keys: keys}) {
+			if !w.send(ctx, WatchResponse{Index: a.Index, Snapshot: true, Resync: w.resync, Keys: keys}) {
 				return
 			}
-			w.req.After, lastSent = a.Index, time.Now()
+			w.req.After, w.resync, lastSent = a.Index, false, time.Now()
 		case len(a.Batches) > 0:
 			for _, b := range a.Batches {
 				if b.Index <= w.req.After {

@@ -114,6 +114,7 @@ func Start(ctx context.Context, cfg Config, hooks Hooks, obs Observer) (*Peer, e
 		log:   cfg.Logger.With("peer", cfg.Name),
 		ready: make(chan struct{}),
 	}
+	n.journals.slots = make(chan struct{}, maxRemoteWatches)
 	n.dir = datadir.Dir{FS: cfg.FS, Path: cfg.DataDir, Log: n.log}
 	// Before newClient: the client side ends with n.ctx.
 	n.ctx, n.cancel = context.WithCancel(context.Background())

@@ -97,7 +97,15 @@ func AnswerBound(method uint8, body []byte) int {
 			return SmallAnswer
 		}
 		return MaxBodySize
-	case MethodGetPlacement, MethodStatus, MethodWatch:
+	case MethodWatch:
+		// A request that may wait holds a LargeAnswer's room; a snapshot,
+		// answered at once, a frame's (see watch.go).
+		var req WatchRequest
+		if msgcheck.Unmarshal(body, &req, MaxBodySize) == nil && req.After > 0 {
+			return LargeAnswer
+		}
+		return MaxBodySize
+	case MethodGetPlacement, MethodStatus:
 		return MaxBodySize
 	case MethodMembership:
 		return LargeAnswer

@@ -17,9 +17,13 @@ import (
 // what came after the last entry it saw (WatchRequest.After): the host
 // answers from its replica's journal (replica.Journal) the batches of
 // events on the watched keys after After, waiting up to WaitMillis for
-// one; or, when After is 0 or the journal no longer reaches back to it,
-// the keys' state as a linearizable read of its replica found it, with
-// the index it is at. Every replica applies the same entries, so any host
+// one, or that the journal no longer reaches back to After (Gone). With
+// After 0 it answers at once with the keys' state as a linearizable read
+// of its replica found it, and the index it is at. Only a snapshot may
+// take a whole frame: a waiting request holds the room of a
+// LargeAnswer in its connection's budget (AnswerBound), so that watches
+// waiting on a connection never hold up the lock requests and keepalives
+// that share it. Every replica applies the same entries, so any host
 // continues where another left off: the watcher resumes from the last
 // index it delivered, across leader changes and restarts, without a gap
 // or a repeat.
@@ -39,13 +43,14 @@ type WatchRequest struct {
 }
 
 // WatchAnswer is a host's answer to a WatchRequest: a snapshot of the
-// keys, or the batches of events after After (none when nothing happened
-// to the keys while the host waited: a bookmark).
+// keys, the batches of events after After (none when nothing happened
+// to the keys while the host waited: a bookmark), or Gone.
 type WatchAnswer struct {
-	// Snapshot is set when Keys is the keys' state at Index (After was 0,
-	// or, with Resync, the journal no longer held the entries after it).
+	// Snapshot is set when Keys is the keys' state at Index (After was 0).
 	Snapshot bool `msgpack:"sn,omitempty"`
-	Resync   bool `msgpack:"rs,omitempty"`
+	// Gone is set when the journal no longer holds the entries after
+	// After: the watcher asks for a snapshot.
+	Gone bool `msgpack:"g,omitempty"`
 	// Keys are the watched keys held or waited for; KeysMore is true when
 	// there were more than replica.MaxWatchKeys of them.
 	Keys     []lockfsm.KeyInfo `msgpack:"ks,omitempty"`
@@ -61,13 +66,27 @@ const (
 	// MaxWatchWait is the longest a host waits for an event before it
 	// answers with none.
 	MaxWatchWait = 5 * time.Second
-	// MaxWatchEvents is the most events an answer carries (an entry's
-	// events are never split: one entry with more comes whole).
-	MaxWatchEvents = 512
+	// maxWatchBatches is about the most bytes of events an answer
+	// carries (replica.EventSize): an entry's events are never split, so
+	// one entry with more comes whole, and waits for room in its
+	// connection's budget like any answer over its bound.
+	maxWatchBatches = LargeAnswer - 1<<10
 )
 
-// journals holds the journal of each lock replica this peer runs.
-type journals struct{ m sync.Map } // shard -> *replica.Journal
+// maxRemoteWatches bounds the watch requests this peer has in flight to
+// other peers at once: each holds a LargeAnswer's room in its
+// connection's budget (transport.Config.MaxPendingBytes, 8 MiB) while
+// its host waits, so at most a quarter of a connection's budget waits on
+// watches, and the lock requests and keepalives sharing it never wait
+// behind them. Watches past it wait their turn.
+const maxRemoteWatches = 32
+
+// journals holds the journal of each lock replica this peer runs, and
+// the slots of its remote watch requests.
+type journals struct {
+	m     sync.Map // shard -> *replica.Journal
+	slots chan struct{}
+}
 
 // start makes the journal of a new replica of shard, replacing any
 // earlier one's.
@@ -94,6 +113,12 @@ func (n *Peer) Watch(ctx context.Context, req WatchRequest) (WatchAnswer, error)
 	body, err := EncodeBody(req)
 	if err != nil {
 		return WatchAnswer{}, err
+	}
+	select {
+	case n.journals.slots <- struct{}{}:
+		defer func() { <-n.journals.slots }()
+	case <-ctx.Done():
+		return WatchAnswer{}, ctx.Err()
 	}
 	resp, err := n.router.CallHost(ctx, req.Shard, MethodWatch, body)
 	if err != nil {
@@ -124,9 +149,9 @@ func (n *Peer) ServeWatch(ctx context.Context, req WatchRequest) (WatchAnswer, e
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		defer cancel()
 		for {
-			batches, upTo, gone := j.Since(req.After, match, MaxWatchEvents)
+			batches, upTo, gone := j.Since(req.After, match, maxWatchBatches)
 			if gone {
-				break
+				return WatchAnswer{Gone: true, Index: upTo}, nil
 			}
 			if len(batches) > 0 || j.Wait(wctx, upTo) != nil || n.IsClosed() {
 				if n.hooks.UnsafeWatchSkipHandOffs {
@@ -140,7 +165,7 @@ func (n *Peer) ServeWatch(ctx context.Context, req WatchRequest) (WatchAnswer, e
 	if err != nil {
 		return WatchAnswer{}, err
 	}
-	return WatchAnswer{Snapshot: true, Resync: req.After > 0, Keys: a.Keys, KeysMore: a.KeysMore, Index: a.Index}, nil
+	return WatchAnswer{Snapshot: true, Keys: a.Keys, KeysMore: a.KeysMore, Index: a.Index}, nil
 }
 
 // Backoff waits before a retry, as the router's own retries do: longer

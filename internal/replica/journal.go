@@ -88,12 +88,16 @@ func (j *Journal) Last() uint64 {
 	return j.last
 }
 
+// EventSize is about how many bytes e takes in an answer: what Since's
+// limit counts.
+func EventSize(e *lockfsm.Event) int { return len(e.Key) + len(e.Owner) + len(e.Value) + 64 }
+
 // Since returns the batches after index after whose events match (each
-// cut to its matching events), at most limit events of whole entries but
-// at least one entry's, and the index they cover up to: the last batch's
-// when limit cut them, else the journal's last. gone is true when entries
-// after after are no longer all in the journal: the watch must start
-// again from a snapshot.
+// cut to its matching events), of whole entries at most limit bytes
+// (EventSize) but at least one entry's, and the index they cover up to:
+// the last batch's when limit cut them, else the journal's last. gone is
+// true when entries after after are no longer all in the journal: the
+// watch must start again from a snapshot.
 func (j *Journal) Since(after uint64, match func(key string) bool, limit int) (batches []Batch, upTo uint64, gone bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -107,19 +111,21 @@ func (j *Journal) Since(after uint64, match func(key string) bool, limit int) (b
 			continue
 		}
 		var picked []lockfsm.Event
-		for _, e := range b.Events {
-			if match(e.Key) {
-				picked = append(picked, e)
+		size := 0
+		for i := range b.Events {
+			if match(b.Events[i].Key) {
+				picked = append(picked, b.Events[i])
+				size += EventSize(&b.Events[i])
 			}
 		}
 		if len(picked) == 0 {
 			continue
 		}
-		if n > 0 && n+len(picked) > limit {
+		if n > 0 && n+size > limit {
 			return batches, batches[len(batches)-1].Index, false
 		}
 		batches = append(batches, Batch{Index: b.Index, Events: picked})
-		n += len(picked)
+		n += size
 	}
 	return batches, max(j.last, after), false
 }
