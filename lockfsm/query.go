@@ -257,13 +257,14 @@ func insertBounded[T any](s []T, v T, k int, cmp func(a, b T) int) []T {
 // the first.
 func (s *State) LastToken() uint64 { return s.lastToken }
 
-// KeysWithPrefix returns the keys that start with prefix and are held or
-// waited for, sorted, at most max of them; more is true when there were
-// more. It scans every key of the shard.
-func (s *State) KeysWithPrefix(prefix string, max int) (infos []KeyInfo, more bool) {
+// KeysWithPrefix returns the keys that start with prefix, come after
+// after in byte order ("" for the first), and are held or waited for,
+// sorted, at most max of them; more is true when there were more. It
+// scans every key of the shard.
+func (s *State) KeysWithPrefix(prefix, after string, max int) (infos []KeyInfo, more bool) {
 	var keys []string
 	for key := range s.keys {
-		if strings.HasPrefix(key, prefix) {
+		if strings.HasPrefix(key, prefix) && key > after {
 			keys = append(keys, key)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/level"
 	"github.com/lockmesh/lockmesh/internal/replica"
 	"github.com/lockmesh/lockmesh/lockfsm"
 	"github.com/lockmesh/lockmesh/mesh"
@@ -227,4 +228,61 @@ func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
 		})
 	}
 	return out, nil
+}
+
+// MaxInspectKeys is the most keys one InspectPrefix page returns.
+const MaxInspectKeys = replica.MaxInspectKeys
+
+// InspectPrefix returns a page of the keys that start with prefix and are
+// held or waited for, in byte order, each as Inspect returns one (holders
+// with their values, peers, sessions, tokens and ages; waiters in queue
+// order with their ages): at most limit of them (1 to MaxInspectKeys; 0
+// is 100) after cursor ("" for the first page), and the cursor of the
+// next page, "" after the last. The prefix must hold a whole hash tag
+// ("{order-42}/"), so that its keys live on one shard; each page is one
+// linearizable read of it, consistent in itself (keys may come and go
+// between pages). Needs feature level 4.
+func (n *Node) InspectPrefix(ctx context.Context, prefix, cursor string, limit int) (keys []KeyInfo, next string, err error) {
+	if err := lockfsm.ValidateKey(prefix); err != nil {
+		return nil, "", fmt.Errorf("%w: %v", ErrInvalidKey, err)
+	}
+	switch {
+	case limit == 0:
+		limit = 100
+	case limit < 0 || limit > MaxInspectKeys:
+		return nil, "", fmt.Errorf("%w: InspectPrefix of %d keys: a page is 1 to %d keys", ErrInvalidArgument, limit, MaxInspectKeys)
+	}
+	if cursor != "" && cursor < prefix {
+		return nil, "", fmt.Errorf("%w: cursor %q does not follow prefix %q", ErrInvalidArgument, cursor, prefix)
+	}
+	if n.peer.IsClosed() {
+		return nil, "", ErrClosed
+	}
+	p, err := n.peer.WaitReady(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := n.needLevel(level.Coordination, "inspections by prefix"); err != nil {
+		return nil, "", err
+	}
+	shard, ok := p.PrefixShard(prefix)
+	if !ok {
+		return nil, "", fmt.Errorf("%w: InspectPrefix(%q): a prefix must hold a whole hash tag, as \"{tag}/\", so that its keys live on one shard", ErrInvalidArgument, prefix)
+	}
+	a, err := n.peer.ReadRetrying(ctx, shard, replica.Query{Kind: replica.QueryKeys, Key: prefix, After: cursor, K: limit})
+	if err != nil {
+		return nil, "", fmt.Errorf("inspect prefix %q: %w", prefix, err)
+	}
+	for i, k := range a.Keys {
+		info := KeyInfo{Key: k.Key, Shard: shard, Holders: holders(k.Holders), Waiters: holders(k.Waiters)}
+		if i < len(a.KeyAges) {
+			info.Holders = withAges(info.Holders, a.KeyAges[i].Holders)
+			info.Waiters = withAges(info.Waiters, a.KeyAges[i].Waiters)
+		}
+		keys = append(keys, info)
+	}
+	if a.KeysMore && len(keys) > 0 {
+		next = keys[len(keys)-1].Key
+	}
+	return keys, next, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -352,6 +353,67 @@ func TestWatchThroughAnotherPeer(t *testing.T) {
 			// before is in the state it carries.
 			t.Logf("resynced at index %d after the host left: %+v", r.Index, r.Keys)
 			break
+		}
+	}
+}
+
+// InspectPrefix pages through the keys of a hash tag in key order, each
+// page one read; bad prefixes, limits and cursors are refused.
+func TestInspectPrefix(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	s1, s2 := newTestSession(t, ctx, n), newTestSession(t, ctx, n)
+	var want []string
+	for i := range 25 {
+		key := fmt.Sprintf("{inv}/%02d", i)
+		if _, err := s1.Lock(ctx, key, WithValue([]byte(key))); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, key)
+	}
+	if _, err := s1.Lock(ctx, "{other}/00"); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = s2.Lock(ctx, "{inv}/07") }()
+	waitQueued(t, n, "{inv}/07", 1)
+
+	var got []string
+	cursor, pages := "", 0
+	for {
+		keys, next, err := n.InspectPrefix(ctx, "{inv}/", cursor, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		for _, k := range keys {
+			got = append(got, k.Key)
+			if len(k.Holders) != 1 || string(k.Holders[0].Value) != k.Key || k.Holders[0].Session != s1.ID() {
+				t.Fatalf("%s: holders %+v, want s1 holding it with its value", k.Key, k.Holders)
+			}
+			if k.Key == "{inv}/07" && (len(k.Waiters) != 1 || k.Waiters[0].Session != s2.ID()) {
+				t.Fatalf("{inv}/07: waiters %+v, want s2", k.Waiters)
+			}
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if !slices.Equal(got, want) || pages != 3 {
+		t.Fatalf("%d pages of %v, want 3 of %v", pages, got, want)
+	}
+	for _, tc := range []struct {
+		prefix, cursor string
+		limit          int
+		want           error
+	}{
+		{"inv/", "", 10, ErrInvalidArgument},
+		{"{inv}/", "", MaxInspectKeys + 1, ErrInvalidArgument},
+		{"{inv}/", "", -1, ErrInvalidArgument},
+		{"{inv}/", "a", 10, ErrInvalidArgument},
+		{"", "", 10, ErrInvalidKey},
+	} {
+		if _, _, err := n.InspectPrefix(ctx, tc.prefix, tc.cursor, tc.limit); !errors.Is(err, tc.want) {
+			t.Errorf("InspectPrefix(%q, %q, %d): %v, want %v", tc.prefix, tc.cursor, tc.limit, err, tc.want)
 		}
 	}
 }

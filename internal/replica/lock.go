@@ -237,6 +237,8 @@ type Query struct {
 	K int `msgpack:"n,omitempty"`
 	// Prefix makes a QueryWatch answer every key that starts with Key.
 	Prefix bool `msgpack:"p,omitempty"`
+	// After is a QueryKeys' cursor: the keys after it in byte order.
+	After string `msgpack:"c,omitempty"`
 }
 
 // MaxTop bounds Query.K.
@@ -250,7 +252,11 @@ const (
 	QueryTop                       // the most contended keys and longest holds (feature level 3)
 	QueryWaits                     // the keys with waiters, for cross-shard deadlocks (feature level 3)
 	QueryWatch                     // Key's (or, with Prefix, its keys') state and the index it is at (feature level 4)
+	QueryKeys                      // the keys that start with Key after After, at most K, with ages (feature level 4)
 )
+
+// MaxInspectKeys bounds a QueryKeys' K.
+const MaxInspectKeys = 1000
 
 // MaxWatchKeys bounds the keys a QueryWatch answers: a prefix watch of
 // more keys is refused.
@@ -288,6 +294,15 @@ type Answer struct {
 	Keys     []lockfsm.KeyInfo `msgpack:"ks,omitempty"`
 	Index    uint64            `msgpack:"ix,omitempty"`
 	KeysMore bool              `msgpack:"km,omitempty"`
+	// KeyAges date the holders and waiters of each of Keys (QueryKeys),
+	// as HolderAges and WaiterAges do one key's.
+	KeyAges []KeyAges `msgpack:"ka,omitempty"`
+}
+
+// KeyAges are the ages of one key's holders and waiters, in their order.
+type KeyAges struct {
+	Holders []Age `msgpack:"h,omitempty"`
+	Waiters []Age `msgpack:"w,omitempty"`
 }
 
 // Age is how long ago a grant or wait began, as the answering replica
@@ -357,13 +372,15 @@ func (s *Lock) Lookup(q any) (any, error) {
 	case QueryKey:
 		a.Key, a.KeyFound = s.state.Key(lq.Key)
 		if lq.Ages && a.KeyFound {
-			now := s.now()
-			for _, h := range a.Key.Holders {
-				a.HolderAges = append(a.HolderAges, ageOf(s.seen.GrantAge(now, h.Token)))
-			}
-			for _, w := range a.Key.Waiters {
-				a.WaiterAges = append(a.WaiterAges, ageOf(s.seen.WaitAge(now, contention.Attempt{Session: w.Session, Req: w.Req})))
-			}
+			ages := s.ages(a.Key, s.now())
+			a.HolderAges, a.WaiterAges = ages.Holders, ages.Waiters
+		}
+	case QueryKeys:
+		a.Index = s.state.Index()
+		a.Keys, a.KeysMore = s.state.KeysWithPrefix(lq.Key, lq.After, min(max(lq.K, 1), MaxInspectKeys))
+		now := s.now()
+		for _, k := range a.Keys {
+			a.KeyAges = append(a.KeyAges, s.ages(k, now))
 		}
 	case QueryTop:
 		a.Top = s.top(min(max(lq.K, 1), MaxTop))
@@ -374,7 +391,7 @@ func (s *Lock) Lookup(q any) (any, error) {
 	case QueryWatch:
 		a.Index = s.state.Index()
 		if lq.Prefix {
-			a.Keys, a.KeysMore = s.state.KeysWithPrefix(lq.Key, MaxWatchKeys)
+			a.Keys, a.KeysMore = s.state.KeysWithPrefix(lq.Key, "", MaxWatchKeys)
 		} else if info, ok := s.state.Key(lq.Key); ok {
 			a.Keys = []lockfsm.KeyInfo{info}
 		}
@@ -382,6 +399,18 @@ func (s *Lock) Lookup(q any) (any, error) {
 		return nil, fmt.Errorf("shard %d: unknown query kind %d", s.shard, lq.Kind)
 	}
 	return a, nil
+}
+
+// ages dates k's holders and waiters at now.
+func (s *Lock) ages(k lockfsm.KeyInfo, now time.Time) KeyAges {
+	var ka KeyAges
+	for _, h := range k.Holders {
+		ka.Holders = append(ka.Holders, ageOf(s.seen.GrantAge(now, h.Token)))
+	}
+	for _, w := range k.Waiters {
+		ka.Waiters = append(ka.Waiters, ageOf(s.seen.WaitAge(now, contention.Attempt{Session: w.Session, Req: w.Req})))
+	}
+	return ka
 }
 
 // top answers a QueryTop for k: the keys of the longest queues now and of
