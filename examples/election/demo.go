@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -150,7 +151,9 @@ func runRound(ctx context.Context, o roundOptions) (r *round, err error) {
 		for _, k := range f.kids {
 			r.pids[k.name] = k.cmd.Process.Pid
 		}
-		if err != nil {
+		if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
+			// Failed, or out of time, rather than interrupted: the
+			// children's last words say why.
 			err = fmt.Errorf("%w%s", err, f.tails(20))
 		}
 	}()
