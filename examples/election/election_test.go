@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,6 +135,7 @@ func TestFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRound(t, r, node.DefaultSessionTTL)
+	checkStopped(t, r)
 	t.Logf("resignation: %s elected %v after %s was signalled; crash: %s elected %v after %s was killed",
 		r.leaders[1], r.handover.Round(time.Millisecond), r.leaders[0], r.leaders[2], r.failover.Round(time.Millisecond), r.leaders[1])
 }
@@ -162,7 +164,10 @@ func TestFailoverMeasure(t *testing.T) {
 	}
 	var failover []time.Duration
 	for i, r := range rounds {
-		t.Run(strconv.Itoa(i+1), func(t *testing.T) { checkRound(t, r, node.DefaultSessionTTL) })
+		t.Run(strconv.Itoa(i+1), func(t *testing.T) {
+			checkRound(t, r, node.DefaultSessionTTL)
+			checkStopped(t, r)
+		})
 		failover = append(failover, r.failover)
 	}
 	t.Logf("failover over %d rounds at session TTL %v: median %v, worst %v, best %v", n, node.DefaultSessionTTL,
@@ -185,9 +190,8 @@ func TestFailoverMeasure(t *testing.T) {
 //     higher term, and no term was elected twice;
 //   - the crashed leader's leadership lasted until its session could
 //     lapse (at least half the TTL), while a resignation handed over at
-//     once (well within half the TTL);
-//   - every child exited and its process is gone.
-func checkRound(t *testing.T, r *round, ttl time.Duration) {
+//     once (well within half the TTL).
+func checkRound(t reporter, r *round, ttl time.Duration) {
 	t.Helper()
 	if !(r.terms[0] < r.terms[1] && r.terms[1] < r.terms[2]) {
 		t.Errorf("terms %v of leaders %v do not rise", r.terms, r.leaders)
@@ -292,7 +296,12 @@ func checkRound(t *testing.T, r *round, ttl time.Duration) {
 		t.Errorf("%s was elected %v after %s was asked to resign: a resignation hands over at once", r.leaders[1], r.handover, r.leaders[0])
 	}
 
-	// Every child exited and is gone.
+}
+
+// checkStopped checks that every child of the round exited and that its
+// process is gone.
+func checkStopped(t *testing.T, r *round) {
+	t.Helper()
 	exited := map[string]bool{}
 	for _, e := range r.events {
 		if e.kind == "exited" {
@@ -309,6 +318,103 @@ func checkRound(t *testing.T, r *round, ttl time.Duration) {
 	}
 	if len(r.pids) != len(peerNames)+1 {
 		t.Errorf("%d children, want %d", len(r.pids), len(peerNames)+1)
+	}
+}
+
+// reporter is what checkRound needs of a *testing.T.
+type reporter interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// recorder is a reporter that keeps the errors.
+type recorder struct{ errs []string }
+
+func (r *recorder) Helper() {}
+func (r *recorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// TestCheckRoundCatches feeds checkRound a made-up round that passes, and
+// the same round broken in each way it must catch.
+func TestCheckRoundCatches(t *testing.T) {
+	t0 := time.Unix(1700000000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	ms := time.Millisecond
+	good := func() *round {
+		ev := func(from, text string, when time.Duration) event { return parse(from, text, at(when)) }
+		line := func(from, format string, when time.Duration, args ...any) event {
+			return ev(from, fmt.Sprintf(format, args...)+fmt.Sprintf(" at=%d", at(when).UnixNano()), when)
+		}
+		return &round{
+			leaders: [3]string{"p2", "p3", "p1"}, terms: [3]uint64{1, 2, 3},
+			handover: 2 * ms, failover: 11 * time.Second,
+			asked: at(3000 * ms), killed: at(4000 * ms), stopped: at(15100 * ms),
+			events: []event{
+				line(observerName, "vacant index=5", 1000*ms),
+				line("p2", "elected term=1 peer=p2", 2000*ms),
+				line(observerName, "leader term=1 value=p2 index=7", 2001*ms),
+				line("p3", "queued peer=p3 place=1", 2200*ms),
+				line("p1", "queued peer=p1 place=2", 2300*ms),
+				line("p2", "leading term=1 peer=p2", 2900*ms),
+				line("p2", "resigning term=1 peer=p2", 3000*ms),
+				line("p3", "elected term=2 peer=p3", 3002*ms),
+				line(observerName, "leader term=2 value=p3 index=12", 3002*ms),
+				line("p2", "queued peer=p2 place=2", 3020*ms),
+				line("p3", "leading term=2 peer=p3", 3900*ms),
+				ev("p3", "exited: signal: killed", 4001*ms),
+				line("p1", "elected term=3 peer=p1", 15000*ms),
+				line(observerName, "leader term=3 value=p1 index=14", 15000*ms),
+				line("p1", "leading term=3 peer=p1", 15050*ms),
+				line("p1", "resigning term=3 peer=p1", 15100*ms),
+				// After the stop: a peer may be elected that the
+				// observer, stopping too, does not see.
+				line("p2", "elected term=4 peer=p2", 15110*ms),
+			},
+		}
+	}
+	rec := &recorder{}
+	checkRound(rec, good(), 10*time.Second)
+	if len(rec.errs) > 0 {
+		t.Fatalf("the good round fails: %q", rec.errs)
+	}
+	replace := func(r *round, i int, from, text string) {
+		r.events[i] = parse(from, text, r.events[i].at)
+	}
+	for _, tc := range []struct {
+		name  string
+		spoil func(*round)
+		want  string // in an error
+	}{
+		{"terms fall", func(r *round) { r.terms[2] = 1 }, "do not rise"},
+		{"observer skips a leader", func(r *round) {
+			r.events = slices.Delete(r.events, 8, 9)
+		}, "the observer saw leaders [p2@1 p1@3]"},
+		{"observer out of index order", func(r *round) {
+			replace(r, 8, observerName, "leader term=2 value=p3 index=6")
+		}, "printed index 6 after 7"},
+		{"observer resyncs", func(r *round) {
+			replace(r, 8, observerName, "resync leader term=2 value=p3 index=12")
+		}, "resynced"},
+		{"a leader relies on its term after the next is elected", func(r *round) {
+			r.events[5].at = at(3003 * ms)
+		}, "p2 relied on term 1 until"},
+		{"a term elected twice", func(r *round) {
+			replace(r, 12, "p1", "elected term=2 peer=p1")
+		}, "both elected with term 2"},
+		{"not FIFO", func(r *round) {
+			r.events[3].from, r.events[4].from = "p1", "p3"
+		}, "p1 was first in the queue"},
+		{"the crashed leader's session dropped at once", func(r *round) { r.failover = time.Second }, "not held for its TTL"},
+		{"a resignation that waits", func(r *round) { r.handover = 6 * time.Second }, "hands over at once"},
+	} {
+		r := good()
+		tc.spoil(r)
+		rec := &recorder{}
+		checkRound(rec, r, 10*time.Second)
+		if !slices.ContainsFunc(rec.errs, func(e string) bool { return strings.Contains(e, tc.want) }) {
+			t.Errorf("%s: errors %q, want one with %q", tc.name, rec.errs, tc.want)
+		}
 	}
 }
 
