@@ -98,10 +98,17 @@ func campaign(ctx context.Context, n *node.Node, cfg config, resign <-chan os.Si
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = s.Close(cctx)
 		cancel()
-		if ctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil:
+		case s.Err() != nil:
 			// The Session was lost (its lease ran out: a pause, a
-			// partition): a new one campaigns again.
+			// partition): a new one campaigns again at once.
 			fmt.Fprintf(stdout, "session-lost peer=%s err=%v\n", name, err)
+		default:
+			// The cluster refused the campaign (below feature level 4,
+			// closing): try again in a while.
+			fmt.Fprintf(stdout, "campaign-failed peer=%s err=%v\n", name, err)
+			sleep(ctx, time.Second)
 		}
 	}
 }
