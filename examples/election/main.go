@@ -1,5 +1,5 @@
 // Command election shows lockmesh's leader election with real processes:
-// candidates that crash, a leader that resigns, and an observer that sees
+// a leader that resigns, a leader that crashes, and an observer that sees
 // every change of leader.
 //
 // Run with no flags, it is a demo that needs nothing else:
@@ -16,17 +16,23 @@
 //
 //	go run ./examples/election -measure 5
 //
+// -ttl sets the children's session TTL (at least 40 RTT, -rtt), -timeout
+// bounds the demo or each round (60s), and -keep keeps the temporary dir
+// with the children's data dirs and logs (NAME.log).
+//
 // With -role it is one of those children, for running by hand.
 // -role peer embeds a lockmesh node and campaigns with node.RunElected in
 // the election (-election, "election/demo"), proclaiming its -name;
 // -role observer embeds a client-only node (no replicas; it needs -join)
 // and prints every change of leader (Node.Observe). Three candidates and
-// an observer on one machine:
+// an observer on one machine, built first so that signals reach them
+// (go run would stand between):
 //
-//	go run ./examples/election -role peer -name p1 -data /tmp/el/p1 -gossip 127.0.0.1:7001 -raft 127.0.0.1:7002 -rpc 127.0.0.1:7003 -expect 3 -join 127.0.0.1:7011,127.0.0.1:7021
-//	go run ./examples/election -role peer -name p2 -data /tmp/el/p2 -gossip 127.0.0.1:7011 -raft 127.0.0.1:7012 -rpc 127.0.0.1:7013 -expect 3 -join 127.0.0.1:7001,127.0.0.1:7021
-//	go run ./examples/election -role peer -name p3 -data /tmp/el/p3 -gossip 127.0.0.1:7021 -raft 127.0.0.1:7022 -rpc 127.0.0.1:7023 -expect 3 -join 127.0.0.1:7001,127.0.0.1:7011
-//	go run ./examples/election -role observer -name obs -data /tmp/el/obs -gossip 127.0.0.1:7031 -raft 127.0.0.1:7032 -rpc 127.0.0.1:7033 -join 127.0.0.1:7001
+//	go build -o election ./examples/election
+//	./election -role peer -name p1 -data /tmp/el/p1 -gossip 127.0.0.1:7001 -raft 127.0.0.1:7002 -rpc 127.0.0.1:7003 -expect 3 -join 127.0.0.1:7011,127.0.0.1:7021
+//	./election -role peer -name p2 -data /tmp/el/p2 -gossip 127.0.0.1:7011 -raft 127.0.0.1:7012 -rpc 127.0.0.1:7013 -expect 3 -join 127.0.0.1:7001,127.0.0.1:7021
+//	./election -role peer -name p3 -data /tmp/el/p3 -gossip 127.0.0.1:7021 -raft 127.0.0.1:7022 -rpc 127.0.0.1:7023 -expect 3 -join 127.0.0.1:7001,127.0.0.1:7011
+//	./election -role observer -name obs -data /tmp/el/obs -gossip 127.0.0.1:7031 -raft 127.0.0.1:7032 -rpc 127.0.0.1:7033 -join 127.0.0.1:7001
 //
 // Each child prints one line per event on stdout; at= is the wall clock in
 // nanoseconds since 1970, so that lines of processes on one machine can be
@@ -39,9 +45,10 @@
 //	leading term=T peer=NAME at=NS           (every -report-leading while Done is open)
 //	lost term=T peer=NAME at=NS err=ERR      (Done closed: the leadership ended)
 //	resigning term=T peer=NAME at=NS         (SIGUSR1, SIGINT or SIGTERM while leading)
-//	resigned term=T peer=NAME at=NS          (the resignation committed)
-//	resign-failed term=T peer=NAME err=ERR   (not known to have committed; the cluster finishes it)
+//	resigned term=T peer=NAME at=NS          (after SIGUSR1: the resignation committed)
+//	resign-failed term=T peer=NAME err=ERR   (after SIGUSR1: not known to have committed)
 //	session-lost peer=NAME err=ERR           (it campaigns again with a new Session)
+//	campaign-failed peer=NAME err=ERR        (refused; it tries again a second later)
 //
 // A leading line's time is read before Done was found open, so the peer
 // relied on its leadership no earlier than that time; an elected line's is
