@@ -83,6 +83,9 @@ func (s *State) Verify() error {
 			if req == 0 {
 				return fmt.Errorf("session %d: attempt with request id 0", id)
 			}
+			if at.priority != 0 && (at.deadlock || at.size != 0) {
+				return fmt.Errorf("session %d: attempt %d: a priority with the deadlock check or a group, which Apply refuses", id, req)
+			}
 			switch at.state {
 			case ReqHeld, ReqReleased:
 				if at.token == 0 || at.token > s.lastToken {

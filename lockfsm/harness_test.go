@@ -19,6 +19,7 @@ type checker struct {
 	lastToken map[string]uint64
 	values    map[ref][]byte // by attempt, as its commands set them
 	set       map[ref]bool   // attempts whose Acquire was answered
+	lastReq   map[ref]uint64 // the highest request id of a SetValue or Acquire of each attempt
 	// mirror is every key's holders and waiters as a watcher rebuilds
 	// them from the entries' events alone; after each entry it must be
 	// the state's.
@@ -34,7 +35,7 @@ func newChecker() *checker { return newCheckerWith(brokenRules{}) }
 func newCheckerWith(broken brokenRules) *checker {
 	s := New()
 	s.broken = broken
-	return &checker{s: s, lastToken: map[string]uint64{}, values: map[ref][]byte{}, set: map[ref]bool{}, mirror: map[string]*mirrorKey{}}
+	return &checker{s: s, lastToken: map[string]uint64{}, values: map[ref][]byte{}, set: map[ref]bool{}, lastReq: map[ref]uint64{}, mirror: map[string]*mirrorKey{}}
 }
 
 func (c *checker) apply(cmds ...Command) ([]Result, []Grant, error) {
@@ -102,8 +103,14 @@ func (c *checker) checkValues(cmds []Command, rs []Result) error {
 		case cmd.Op == OpAcquire && !c.set[r] && (rs[i].Status == StatusGranted || rs[i].Status == StatusQueued):
 			c.set[r] = true // a repeat keeps the first one's value
 			c.values[r] = cmd.Value
+			c.lastReq[r] = cmd.Req
 		case cmd.Op == OpSetValue && rs[i].Status == StatusOK:
-			c.values[ref{cmd.Session, cmd.Target}] = cmd.Value
+			// One overtaken by a later SetValue of the holder is answered
+			// OK and sets nothing.
+			t := ref{cmd.Session, cmd.Target}
+			if cmd.Req >= c.lastReq[t] {
+				c.values[t], c.lastReq[t] = cmd.Value, cmd.Req
+			}
 		}
 	}
 	for key, k := range c.s.keys {
@@ -401,6 +408,7 @@ func checkLogWith(t testing.TB, log [][]Command, broken brokenRules) error {
 			maps.Copy(restored.values, a.values)
 			restored.mirror = mirrorOf(restored.s) // a watcher starts from the snapshot
 			maps.Copy(restored.set, a.set)
+			maps.Copy(restored.lastReq, a.lastReq)
 			if again := snapshot(t, restored.s); !bytes.Equal(snap, again) {
 				return fmt.Errorf("Save after Load differs")
 			}

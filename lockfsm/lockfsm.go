@@ -123,7 +123,9 @@ const (
 	// Target): StatusOK with its token while it holds, StatusNotHeld once
 	// it does not (it never held, or was released, cancelled or ended),
 	// so a holder that lost its key cannot write over its successor's
-	// value. An empty Value clears it. Feature level 4.
+	// value. An empty Value clears it. One whose Req is below a later
+	// command's on the attempt (a retry overtaken by a newer SetValue)
+	// answers StatusOK and changes nothing. Feature level 4.
 	OpSetValue
 
 	// maxOp is the highest op this release knows; decoders refuse higher
@@ -1107,6 +1109,7 @@ func (a *applier) setValue(sess *session, c *Command) Result {
 	if at == nil {
 		return Result{Status: StatusNotHeld}
 	}
+	stale := c.Req < at.last // a retry that a later SetValue of the holder overtook
 	touch(at, c.Req)
 	r := ref{sess.id, c.Target}
 	if at.state != ReqHeld {
@@ -1115,6 +1118,9 @@ func (a *applier) setValue(sess *session, c *Command) Result {
 			return Result{Status: StatusNotHeld}
 		}
 		r = k.holders()[0] // broken: over the key's holder now
+	}
+	if stale && at.state == ReqHeld {
+		return Result{Status: StatusOK, Token: at.token}
 	}
 	if len(c.Value) == 0 {
 		delete(a.s.values, r)

@@ -87,7 +87,7 @@ func (s *State) holders(slots []ref, max int) []Holder {
 			out[i].Owner, out[i].Label = sess.owner, sess.label
 			if at := sess.reqs[h.req]; at != nil {
 				out[i].Token, out[i].Kind, out[i].Permits = at.token, at.kind, at.permits
-				out[i].Value = s.values[h]
+				out[i].Value = slices.Clone(s.values[h]) // the answer's own: callers may change it
 			}
 		}
 	}

@@ -20,14 +20,12 @@ import (
 //	session: [id, owner, ttlMillis, ack, attempts, label]   sessions sorted by id
 //	attempt: [req, key, state, token, last, kind, permits, group, size, deadlock, maxHoldMillis, value, priority]
 //	                                                 attempts sorted by req
-//
-// Version 3 (feature level 3) attempts end at maxHoldMillis: they load
-// without values or priorities.
 //	key:     [key, limit, holders, waiters, role]    keys sorted by bytes
 //	holder:  [session, req, token]                   in grant order
 //	waiter:  [session, req]                          in FIFO order
 //
-// Version 2 sessions have no label ([id, owner, ttlMillis, ack, attempts]),
+// Version 3 (feature level 3) attempts end at maxHoldMillis: they load
+// without values or priorities. Version 2 sessions have no label ([id, owner, ttlMillis, ack, attempts]),
 // attempts end at last and keys at waiters: they load as mutexes without
 // groups, labels or the deadlock flag; version 1 snapshots also have no term ([index,
 // lastToken, sessions, keys]) and load with term 0.
@@ -171,7 +169,7 @@ func (s *State) SaveFormat(w io.Writer, format byte) error {
 }
 
 // MinSnapshotFormat is the oldest snapshot format that can hold the state:
-// 4 once it holds a value (feature level 4), 3 once it holds what only a
+// 4 once it holds a value or a priority (feature level 4), 3 once it holds what only a
 // cluster at feature level 3 writes (a session label, a key of the lock
 // family, an attempt of a group or with the deadlock flag), else 2. A
 // replica writes at least this format even while its own view of the

@@ -125,3 +125,26 @@ func TestFeatureLevel(t *testing.T) {
 		}
 	}
 }
+
+// A query's values are its own: changing one changes nothing in the
+// state. A SetValue retried after a later one of the same holder
+// committed (its answer was lost) is answered OK and leaves the later
+// value.
+func TestValuesAreCopiedAndOrdered(t *testing.T) {
+	c := newChecker()
+	c.apply(Command{Op: OpOpenSession, Owner: "na", TTLMillis: 5000})
+	c.apply(Command{Op: OpAcquire, Session: 1, Req: 1, Key: "k", Value: []byte("one")})
+	info, _ := c.s.Key("k")
+	info.Holders[0].Value[0] = 'X'
+	if again, _ := c.s.Key("k"); string(again.Holders[0].Value) != "one" {
+		t.Fatalf("a change to a query's value reached the state: %q", again.Holders[0].Value)
+	}
+	c.apply(Command{Op: OpSetValue, Session: 1, Req: 3, Target: 1, Value: []byte("newer")})
+	rs, _, err := c.apply(Command{Op: OpSetValue, Session: 1, Req: 2, Target: 1, Value: []byte("older")})
+	if err != nil || rs[0].Status != StatusOK {
+		t.Fatalf("the overtaken SetValue: %+v %v, want OK", rs, err)
+	}
+	if info, _ := c.s.Key("k"); string(info.Holders[0].Value) != "newer" {
+		t.Fatalf("value %q after an overtaken SetValue, want the later one", info.Holders[0].Value)
+	}
+}

@@ -110,6 +110,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte, opts ...LockOptio
 		// Elected after the lease ran out: another may be elected any
 		// moment, so this is no leadership. The release hands it on.
 		end()
+		e.s.n.campaigns.drop(c)
 		_ = l.Release()
 		return nil, fmt.Errorf("campaign in %q: elected with term %d after the lease ended: %w", e.name, l.Token(), err)
 	}

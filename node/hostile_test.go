@@ -597,7 +597,7 @@ func TestAnswerBound(t *testing.T) {
 		{"layout", peer.MethodGetPlacement, nil, peer.MaxBodySize},
 		{"status", peer.MethodStatus, nil, peer.MaxBodySize},
 		{"membership", peer.MethodMembership, enc(membership.ShardRequest{Shard: 2}), peer.LargeAnswer},
-		{"watch snapshot", peer.MethodWatch, enc(peer.WatchRequest{Shard: 2, Key: "k"}), peer.MaxBodySize},
+		{"watch snapshot", peer.MethodWatch, enc(peer.WatchRequest{Shard: 2, Key: "k", Snapshot: true}), peer.MaxBodySize},
 		{"watch that waits", peer.MethodWatch, enc(peer.WatchRequest{Shard: 2, Key: "k", After: 7, WaitMillis: 1000}), peer.LargeAnswer},
 		{"proposal of 1000 bytes", peer.MethodPropose, make([]byte, 1000), 8*1000 + peer.SmallAnswer},
 		{"notify", peer.MethodNotify, make([]byte, 1000), peer.SmallAnswer},

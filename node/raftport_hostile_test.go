@@ -348,26 +348,41 @@ func TestRaftPortBrokenVariantIsCaught(t *testing.T) {
 // peer plays the old release by the format byte only, so its replica
 // does not halt on the label here as the real one would.)
 func TestLevel3CommandsRefusedBelowLevel3(t *testing.T) {
+	labelled := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "mixed-1-forged", TTLMillis: 1000, Label: 77}
+	testCommandsRefusedBelowTheirLevel(t, level.Tagged, labelled)
+}
+
+// TestLevel4CommandsRefusedBelowLevel4: the same in a cluster at level 3
+// (one peer held there) for a command with a level-4 field, a value: an
+// OpenSession carrying one (which its replicas ignore, but the held
+// peer's could not read: tag 19).
+func TestLevel4CommandsRefusedBelowLevel4(t *testing.T) {
+	valued := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "mixed-1-forged", TTLMillis: 1000, Label: 77, Capped: true, Value: []byte("level 4")}
+	testCommandsRefusedBelowTheirLevel(t, level.Family, valued)
+}
+
+// testCommandsRefusedBelowTheirLevel forges forged, an OpenSession for
+// mixed-1-forged of a level above hold, in a cluster held at hold.
+func testCommandsRefusedBelowTheirLevel(t *testing.T, hold level.Level, forged lockfsm.Command) {
 	for _, broken := range []bool{false, true} {
 		t.Run(map[bool]string{false: "filtered", true: "filter off"}[broken], func(t *testing.T) {
-			peers := startMixedCluster(t, clusterOpts{expect: 3, shards: 2, rf: 3}, "mixed", 2,
+			peers := startMixedCluster(t, clusterOpts{expect: 3, shards: 2, rf: 3}, "mixed", hold,
 				func(h *peer.Hooks) { h.UnsafeNoRaftFilter = broken })
-			if lvl := peers[0].node.peer.ClusterLevel(); lvl != 2 {
-				t.Fatalf("cluster at level %d, want 2", lvl)
+			if lvl := peers[0].node.peer.ClusterLevel(); lvl != hold {
+				t.Fatalf("cluster at level %d, want %d", lvl, hold)
 			}
 			old := peers[2]
 			p := peers[0].node.peer.Placement()
 			shard := p.ShardIDs()[1]
 			key := keyOnShard(p, shard, "mixed")
 			lockAndUnlock(t, old.node, key)
-			labelled := lockfsm.Command{Op: lockfsm.OpOpenSession, Owner: "mixed-1-forged", TTLMillis: 1000, Label: 77}
 			if !broken {
-				err := newAttacker(t, "local", nil).propose(peers[0], shard, labelled)
+				err := newAttacker(t, "local", nil).propose(peers[0], shard, forged)
 				if lockerr.Code(err) != lockerr.CodeBusy {
-					t.Fatalf("a labelled OpenSession forwarded at level 2: %v, want refused as busy", err)
+					t.Fatalf("a level-%d OpenSession forwarded at level %d: %v, want refused as busy", forged.FeatureLevel(), hold, err)
 				}
 			}
-			raw, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{labelled})
+			raw, err := lockfsm.EncodeCommandsFormat(lockfsm.FormatTagged, []lockfsm.Command{forged})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -384,18 +399,20 @@ func TestLevel3CommandsRefusedBelowLevel3(t *testing.T) {
 			refusedBefore := leader.peer.node.peer.Replicas().RaftRefused()
 			raftForger{t: t}.send(leader.peer, pb.Message{Type: pb.Propose, ShardID: shard, To: leader.to, From: leader.from,
 				Entries: []pb.Entry{{Type: pb.EncodedEntry, ClientID: 12345, Key: 7, Cmd: append([]byte{0}, raw...)}}})
+			// Counted on a peer of this release: the held one may not read
+			// the entry.
 			owned := func() int {
-				_, n := old.node.peer.ShardSessions(shard).Count("mixed-1-forged")
+				_, n := peers[0].node.peer.ShardSessions(shard).Count("mixed-1-forged")
 				return n
 			}
 			if broken {
-				pollUntil(t, 10*time.Second, "the labelled OpenSession to commit without the filter", func() bool { return owned() == 1 })
+				pollUntil(t, 10*time.Second, "the forged OpenSession to commit without the filter", func() bool { return owned() == 1 })
 				return
 			}
 			if n := leader.peer.node.peer.Replicas().RaftRefused(); n == refusedBefore {
-				t.Fatalf("%s's filter refused nothing after the labelled Propose", leader.peer.cfg.Name)
+				t.Fatalf("%s's filter refused nothing after the forged Propose", leader.peer.cfg.Name)
 			}
-			lockAndUnlock(t, old.node, key) // an entry after the Propose, had it committed
+			lockAndUnlock(t, peers[0].node, key) // an entry after the Propose, had it committed
 			if n := owned(); n != 0 {
 				t.Fatalf("%d sessions of the forged owner opened", n)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/level"
@@ -164,7 +165,7 @@ func (n *Node) Watch(ctx context.Context, key string, opts ...WatchOption) (<-ch
 			return nil, fmt.Errorf("%w: watch of prefix %q: a prefix must hold a whole hash tag, as \"{tag}/\", so that its keys live on one shard", ErrInvalidArgument, key)
 		}
 	}
-	w := &watch{n: n, req: peer.WatchRequest{Shard: shard, Key: key, Prefix: o.prefix, After: o.start}, o: o,
+	w := &watch{n: n, req: peer.WatchRequest{Shard: shard, Key: key, Prefix: o.prefix, After: o.start, Snapshot: o.start == 0}, o: o,
 		out: make(chan WatchResponse, o.buffer)}
 	go w.run(ctx)
 	return w.out, nil
@@ -174,7 +175,7 @@ func (n *Node) Watch(ctx context.Context, key string, opts ...WatchOption) (<-ch
 // index it delivered, and delivers it, one answer at a time.
 type watch struct {
 	n   *Node
-	req peer.WatchRequest // its After is the last index delivered, or 0 to ask for a snapshot
+	req peer.WatchRequest // its After is the last index delivered
 	o   watchOptions
 	out chan WatchResponse
 	// resync is set once a host said the entries after the last index
@@ -213,7 +214,7 @@ func (w *watch) run(ctx context.Context) {
 				w.send(ctx, WatchResponse{Index: w.req.After, Err: fmt.Errorf("watch %q: %w: the entries after index %d are no longer held", w.req.Key, ErrSlowWatcher, w.req.After)})
 				return
 			}
-			w.resync, w.req.After = true, 0 // a snapshot, next
+			w.resync, w.req.Snapshot = true, true // a snapshot, next
 		case a.Snapshot:
 			if a.KeysMore {
 				w.send(ctx, WatchResponse{Index: w.req.After, Err: fmt.Errorf("%w: watch of prefix %q: more than %d keys are held or waited for", ErrInvalidArgument, w.req.Key, replica.MaxWatchKeys)})
@@ -226,7 +227,7 @@ func (w *watch) run(ctx context.Context) {
 			if !w.send(ctx, WatchResponse{Index: a.Index, Snapshot: true, Resync: w.resync, Keys: keys}) {
 				return
 			}
-			w.req.After, w.resync, lastSent = a.Index, false, time.Now()
+			w.req.After, w.req.Snapshot, w.resync, lastSent = a.Index, false, false, time.Now()
 		case len(a.Batches) > 0:
 			for _, b := range a.Batches {
 				if b.Index <= w.req.After {
@@ -264,7 +265,8 @@ func watchEvents(es []lockfsm.Event) []WatchEvent {
 	out := make([]WatchEvent, len(es))
 	for i, e := range es {
 		out[i] = WatchEvent{Kind: WatchEventKind(e.Kind), Key: e.Key, Holder: Holder{
-			Peer: e.Owner, Session: e.Label, ShardSession: e.Session, Request: e.Req, Token: e.Token, Value: e.Value}, Position: e.Position}
+			Peer: e.Owner, Session: e.Label, ShardSession: e.Session, Request: e.Req, Token: e.Token,
+			Value: slices.Clone(e.Value)}, Position: e.Position} // a local journal's events share the state's bytes
 	}
 	return out
 }

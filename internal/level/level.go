@@ -75,7 +75,11 @@ const (
 	//   - a lock attempt carries its holder's value (lockfsm.Command.Value,
 	//     tag 19) and a holder replaces it with OpSetValue, fenced on its
 	//     hold: elections proclaim their leaders in it;
-	//   - lock snapshots keep the values (format 4).
+	//   - a waiting Acquire may carry a priority (Command.Priority, tag
+	//     20), which orders it ahead of unchecked waiters of lower one;
+	//   - lock snapshots keep the values and priorities (format 4);
+	//   - watches: MethodWatch, and the reads QueryWatch and QueryKeys
+	//     (InspectPrefix), which replicas of older releases do not answer.
 	Coordination Level = 4
 )
 

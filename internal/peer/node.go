@@ -115,6 +115,7 @@ func Start(ctx context.Context, cfg Config, hooks Hooks, obs Observer) (*Peer, e
 		ready: make(chan struct{}),
 	}
 	n.journals.slots = make(chan struct{}, maxRemoteWatches)
+	n.journals.snapshots = make(chan struct{}, maxRemoteSnapshots)
 	n.dir = datadir.Dir{FS: cfg.FS, Path: cfg.DataDir, Log: n.log}
 	// Before newClient: the client side ends with n.ctx.
 	n.ctx, n.cancel = context.WithCancel(context.Background())

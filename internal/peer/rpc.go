@@ -101,7 +101,7 @@ func AnswerBound(method uint8, body []byte) int {
 		// A request that may wait holds a LargeAnswer's room; a snapshot,
 		// answered at once, a frame's (see watch.go).
 		var req WatchRequest
-		if msgcheck.Unmarshal(body, &req, MaxBodySize) == nil && req.After > 0 {
+		if msgcheck.Unmarshal(body, &req, MaxBodySize) == nil && !req.Snapshot {
 			return LargeAnswer
 		}
 		return MaxBodySize

@@ -17,13 +17,16 @@ import (
 // what came after the last entry it saw (WatchRequest.After): the host
 // answers from its replica's journal (replica.Journal) the batches of
 // events on the watched keys after After, waiting up to WaitMillis for
-// one, or that the journal no longer reaches back to After (Gone). With
-// After 0 it answers at once with the keys' state as a linearizable read
-// of its replica found it, and the index it is at. Only a snapshot may
+// one, or that the journal no longer reaches back to After (Gone). Asked
+// for a Snapshot it answers at once with the keys' state as a
+// linearizable read of its replica found it, and the index it is at. Only a snapshot may
 // take a whole frame: a waiting request holds the room of a
 // LargeAnswer in its connection's budget (AnswerBound), so that watches
 // waiting on a connection never hold up the lock requests and keepalives
-// that share it. Every replica applies the same entries, so any host
+// that share it. A peer has at most maxRemoteWatches requests waiting
+// on other peers, and maxRemoteSnapshots snapshot requests (which may
+// take a frame each), and bounds each by its wait and the proposal
+// timeout, so a host that never answers holds no slot for ever. Every replica applies the same entries, so any host
 // continues where another left off: the watcher resumes from the last
 // index it delivered, across leader changes and restarts, without a gap
 // or a repeat.
@@ -34,8 +37,11 @@ type WatchRequest struct {
 	Shard  uint64 `msgpack:"s"`
 	Key    string `msgpack:"y"`
 	Prefix bool   `msgpack:"p,omitempty"`
-	// After is the last index the watcher saw; 0 asks for a snapshot.
+	// After is the last index the watcher saw.
 	After uint64 `msgpack:"a,omitempty"`
+	// Snapshot asks for the keys' state now, answered at once, instead
+	// of what came after After.
+	Snapshot bool `msgpack:"n,omitempty"`
 	// WaitMillis is how long the host may wait for an event, at most
 	// MaxWatchWait.
 	WaitMillis uint32      `msgpack:"w,omitempty"`
@@ -79,13 +85,17 @@ const (
 // its host waits, so at most a quarter of a connection's budget waits on
 // watches, and the lock requests and keepalives sharing it never wait
 // behind them. Watches past it wait their turn.
-const maxRemoteWatches = 32
+const (
+	maxRemoteWatches   = 32
+	maxRemoteSnapshots = 2
+)
 
 // journals holds the journal of each lock replica this peer runs, and
 // the slots of its remote watch requests.
 type journals struct {
-	m     sync.Map // shard -> *replica.Journal
-	slots chan struct{}
+	m         sync.Map // shard -> *replica.Journal
+	slots     chan struct{}
+	snapshots chan struct{}
 }
 
 // start makes the journal of a new replica of shard, replacing any
@@ -114,12 +124,18 @@ func (n *Peer) Watch(ctx context.Context, req WatchRequest) (WatchAnswer, error)
 	if err != nil {
 		return WatchAnswer{}, err
 	}
+	slots := n.journals.slots
+	if req.Snapshot {
+		slots = n.journals.snapshots
+	}
 	select {
-	case n.journals.slots <- struct{}{}:
-		defer func() { <-n.journals.slots }()
+	case slots <- struct{}{}:
+		defer func() { <-slots }()
 	case <-ctx.Done():
 		return WatchAnswer{}, ctx.Err()
 	}
+	ctx, cancel := context.WithTimeout(ctx, min(time.Duration(req.WaitMillis)*time.Millisecond, MaxWatchWait)+n.proposalTimeout())
+	defer cancel()
 	resp, err := n.router.CallHost(ctx, req.Shard, MethodWatch, body)
 	if err != nil {
 		return WatchAnswer{}, err
@@ -143,7 +159,7 @@ func (n *Peer) ServeWatch(ctx context.Context, req WatchRequest) (WatchAnswer, e
 	if err := lockfsm.ValidateKey(req.Key); err != nil {
 		return WatchAnswer{}, fmt.Errorf("watch: %w", err)
 	}
-	if req.After > 0 {
+	if !req.Snapshot {
 		match := replica.Match(req.Key, req.Prefix)
 		wait := min(time.Duration(req.WaitMillis)*time.Millisecond, MaxWatchWait)
 		wctx, cancel := context.WithTimeout(ctx, wait)

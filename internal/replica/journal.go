@@ -1,17 +1,24 @@
 package replica
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/lockmesh/lockmesh/lockfsm"
 )
 
-// JournalEvents is the most events a replica's Journal keeps: about 100
-// bytes each, beside the keys, owners and values the state shares with
-// them. A watch that falls further behind is resynced.
-const JournalEvents = 1 << 14
+// JournalEvents is the most events a replica's Journal keeps, and
+// JournalBytes the most bytes of them (EventSize: the keys, owners and
+// values they name count, which a released hold's or a replaced value's
+// no longer share with the state). A watch that falls further behind is
+// resynced.
+const (
+	JournalEvents = 1 << 14
+	JournalBytes  = 4 << 20
+)
 
 // Journal is what a lock replica remembers of the events of the entries
 // it applied most recently (lockfsm.ApplyEvents), for watches: every
@@ -27,6 +34,7 @@ type Journal struct {
 	last    uint64  // the last index applied
 	batches []Batch // in index order, each with events
 	events  int     // in batches
+	bytes   int     // their EventSize
 	// changed is closed when last moves, for Wait; nil until a watch
 	// waits.
 	changed chan struct{}
@@ -55,8 +63,10 @@ func (j *Journal) add(index uint64, events []lockfsm.Event) {
 	if len(events) > 0 {
 		j.batches = append(j.batches, Batch{Index: index, Events: events})
 		j.events += len(events)
-		for j.events > j.limit && len(j.batches) > 1 {
+		j.bytes += batchSize(events)
+		for (j.events > j.limit || j.bytes > JournalBytes) && len(j.batches) > 1 {
 			j.events -= len(j.batches[0].Events)
+			j.bytes -= batchSize(j.batches[0].Events)
 			j.first = j.batches[0].Index + 1
 			j.batches[0] = Batch{}
 			j.batches = j.batches[1:]
@@ -70,7 +80,7 @@ func (j *Journal) add(index uint64, events []lockfsm.Event) {
 func (j *Journal) reset(index uint64) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.first, j.last, j.batches, j.events = index+1, index, nil, 0
+	j.first, j.last, j.batches, j.events, j.bytes = index+1, index, nil, 0, 0
 	j.wake()
 }
 
@@ -92,6 +102,14 @@ func (j *Journal) Last() uint64 {
 // limit counts.
 func EventSize(e *lockfsm.Event) int { return len(e.Key) + len(e.Owner) + len(e.Value) + 64 }
 
+func batchSize(events []lockfsm.Event) int {
+	n := 0
+	for i := range events {
+		n += EventSize(&events[i])
+	}
+	return n
+}
+
 // Since returns the batches after index after whose events match (each
 // cut to its matching events), of whole entries at most limit bytes
 // (EventSize) but at least one entry's, and the index they cover up to:
@@ -105,11 +123,9 @@ func (j *Journal) Since(after uint64, match func(key string) bool, limit int) (b
 		return nil, j.last, true
 	}
 	n := 0
-	for i := range j.batches {
+	start, _ := slices.BinarySearchFunc(j.batches, after+1, func(b Batch, index uint64) int { return cmp.Compare(b.Index, index) })
+	for i := start; i < len(j.batches); i++ {
 		b := &j.batches[i]
-		if b.Index <= after {
-			continue
-		}
 		var picked []lockfsm.Event
 		size := 0
 		for i := range b.Events {
