@@ -90,3 +90,41 @@ func TestFence(t *testing.T) {
 		t.Fatalf("Highest = %d", f.Highest("k"))
 	}
 }
+
+// A nil Context is refused with an error that names the call, never a
+// panic; Start with a cancelled one returns its error.
+func TestNilContextIsRefused(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	s := newTestSession(t, ctx, n)
+	l, err := n.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	var nilCtx context.Context
+	for name, err := range map[string]error{
+		"Node.Lock":         second(n.Lock(nilCtx, "k")),
+		"Node.TryLock":      second(n.TryLock(nilCtx, "k")),
+		"Session.Lock":      second(s.Lock(nilCtx, "k")),
+		"Session.LockAll":   second(s.LockAll(nilCtx, "a", "b")),
+		"RWMutex.RLock":     second(s.RWMutex("rw").RLock(nilCtx)),
+		"Semaphore.Acquire": second(s.Semaphore("sem", 2).Acquire(nilCtx, 1)),
+		"Node.NewSession":   second(n.NewSession(nilCtx)),
+		"Node.Inspect":      second(n.Inspect(nilCtx, "k")),
+		"Node.Watch":        second(n.Watch(nilCtx, "k")),
+		"Election.Campaign": second(s.Election("e").Campaign(nilCtx, nil)),
+		"Lock.Unlock":       l.Unlock(nilCtx),
+		"Lock.SetValue":     l.SetValue(nilCtx, nil),
+		"Session.Close":     s.Close(nilCtx),
+		"Node.WaitServing":  n.WaitServing(nilCtx),
+	} {
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s with a nil Context: %v, want ErrInvalidArgument naming it", name, err)
+		}
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Start(cancelled, testConfig(t, "late", clusterOpts{expect: 1, shards: 1, rf: 1})); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Start with a cancelled ctx: %v, want context.Canceled", err)
+	}
+}

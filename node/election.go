@@ -73,6 +73,9 @@ type Leadership struct {
 // same name while the first waits or leads fails at once with
 // ErrAlreadyHeld. Needs feature level 4.
 func (e *Election) Campaign(ctx context.Context, value []byte, opts ...LockOption) (*Leadership, error) {
+	if err := nilContext(ctx, "Election.Campaign"); err != nil {
+		return nil, err
+	}
 	if err := e.check(value); err != nil {
 		return nil, err
 	}
@@ -203,6 +206,9 @@ func (ld *Leadership) Value() []byte { return ld.l.Value() }
 // fails with ErrNotHeld (or its Err's error, once Done closed), and never
 // writes over its successor's proclamation.
 func (ld *Leadership) Proclaim(ctx context.Context, value []byte) error {
+	if err := nilContext(ctx, "Leadership.Proclaim"); err != nil {
+		return err
+	}
 	if err := checkValue("a proclamation", value); err != nil {
 		return err
 	}
@@ -248,6 +254,9 @@ type LeaderInfo struct {
 // index (linearizable), or an error wrapping ErrNoLeader when nobody
 // leads it.
 func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
+	if err := nilContext(ctx, "Election.Leader"); err != nil {
+		return LeaderInfo{}, err
+	}
 	if err := e.check(nil); err != nil {
 		return LeaderInfo{}, err
 	}
@@ -257,6 +266,9 @@ func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
 // Leader returns the leader of the election called name, as
 // Election.Leader does, without a Session.
 func (n *Node) Leader(ctx context.Context, name string) (LeaderInfo, error) {
+	if err := nilContext(ctx, "Node.Leader"); err != nil {
+		return LeaderInfo{}, err
+	}
 	info, err := n.Inspect(ctx, name)
 	if err != nil {
 		return LeaderInfo{}, fmt.Errorf("leader of %q: %w", name, err)
@@ -412,12 +424,18 @@ type LeaderEvent struct {
 // consumer that falls behind (a Resync, never a silent gap). Needs
 // feature level 4.
 func (e *Election) Observe(ctx context.Context) (<-chan LeaderEvent, error) {
+	if err := nilContext(ctx, "Election.Observe"); err != nil {
+		return nil, err
+	}
 	return e.s.n.Observe(ctx, e.name)
 }
 
 // Observe reports the leader of the election called name, as
 // Election.Observe does, without a Session.
 func (n *Node) Observe(ctx context.Context, name string) (<-chan LeaderEvent, error) {
+	if err := nilContext(ctx, "Node.Observe"); err != nil {
+		return nil, err
+	}
 	if err := lockfsm.ValidateKey(name); err != nil {
 		return nil, fmt.Errorf("%w: election name: %v", ErrInvalidKey, err)
 	}

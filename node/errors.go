@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -177,4 +178,13 @@ func publicErr(err error) error {
 		return &WaitError{Key: we.Key, Known: we.Known, Holders: holders(we.Holders), Ahead: we.Ahead, Err: we.Err}
 	}
 	return err
+}
+
+// nilContext refuses a nil ctx, which every call would otherwise panic
+// on, naming the call.
+func nilContext(ctx context.Context, call string) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: %s with a nil Context: pass context.Background(), or one with a deadline", ErrInvalidArgument, call)
+	}
+	return nil
 }

@@ -53,6 +53,9 @@ type KeyInfo struct {
 // Inspect returns the current holders and waiters of key, read through the
 // Raft log's read index (linearizable).
 func (n *Node) Inspect(ctx context.Context, key string) (KeyInfo, error) {
+	if err := nilContext(ctx, "Node.Inspect"); err != nil {
+		return KeyInfo{}, err
+	}
 	if err := lockfsm.ValidateKey(key); err != nil {
 		return KeyInfo{}, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
@@ -191,6 +194,9 @@ type ShardInfo struct {
 // until the cluster is formed, and fails with ErrInvalidKey for a key
 // Lock would refuse.
 func (n *Node) ShardOf(ctx context.Context, key string) (uint64, error) {
+	if err := nilContext(ctx, "Node.ShardOf"); err != nil {
+		return 0, err
+	}
 	if err := lockfsm.ValidateKey(key); err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}
@@ -208,6 +214,9 @@ func (n *Node) ShardOf(ctx context.Context, key string) (uint64, error) {
 // host it and its leader as far as this peer knows. It waits (bounded by
 // ctx) until the cluster is formed.
 func (n *Node) Placement(ctx context.Context) ([]ShardInfo, error) {
+	if err := nilContext(ctx, "Node.Placement"); err != nil {
+		return nil, err
+	}
 	if n.peer.IsClosed() {
 		return nil, ErrClosed
 	}
@@ -243,6 +252,9 @@ const MaxInspectKeys = replica.MaxInspectKeys
 // linearizable read of it, consistent in itself (keys may come and go
 // between pages). Needs feature level 4.
 func (n *Node) InspectPrefix(ctx context.Context, prefix, cursor string, limit int) (keys []KeyInfo, next string, err error) {
+	if err := nilContext(ctx, "Node.InspectPrefix"); err != nil {
+		return nil, "", err
+	}
 	if err := lockfsm.ValidateKey(prefix); err != nil {
 		return nil, "", fmt.Errorf("%w: %v", ErrInvalidKey, err)
 	}

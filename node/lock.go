@@ -78,6 +78,9 @@ func (l *Lock) Err() error { return l.h.Err() }
 // before the call (another holder may have been granted the key
 // meanwhile), and ErrNotHeld when the lock was already unlocked.
 func (l *Lock) Unlock(ctx context.Context) error {
+	if err := nilContext(ctx, "Lock.Unlock"); err != nil {
+		return err
+	}
 	if last, err := l.give(); !last {
 		return err
 	}
@@ -128,6 +131,9 @@ func (l *Lock) Value() []byte { return slices.Clone(l.h.Spec().Value) }
 // value; a longer one than MaxValueLen is ErrInvalidArgument. Every hold
 // of a reentrant grant shares its value. Needs feature level 4.
 func (l *Lock) SetValue(ctx context.Context, v []byte) error {
+	if err := nilContext(ctx, "Lock.SetValue"); err != nil {
+		return err
+	}
 	if err := checkValue("SetValue", v); err != nil {
 		return err
 	}
@@ -234,6 +240,9 @@ func (l *Lock) Release() error {
 // hash tags existed hash every key whole, for good: a key never changes
 // shard.
 func (n *Node) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "Node.Lock"); err != nil {
+		return nil, err
+	}
 	return n.acquire(ctx, key, true, opts)
 }
 
@@ -241,6 +250,9 @@ func (n *Node) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock,
 // returns an error wrapping ErrLocked at once; from feature level 3 it is
 // a *LockedError naming the holders.
 func (n *Node) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "Node.TryLock"); err != nil {
+		return nil, err
+	}
 	return n.acquire(ctx, key, false, opts)
 }
 

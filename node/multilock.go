@@ -65,6 +65,9 @@ func (m *MultiLock) Err() error {
 // so those of one shard share a Raft entry and Unlock costs about one
 // commit, not one per key.
 func (m *MultiLock) Unlock(ctx context.Context) error {
+	if err := nilContext(ctx, "MultiLock.Unlock"); err != nil {
+		return err
+	}
 	errs := make([]error, len(m.locks))
 	var wg sync.WaitGroup
 	for i, l := range m.locks {
@@ -102,6 +105,9 @@ func (m *MultiLock) Release() error {
 // whether or not the session is reentrant, fails it with ErrAlreadyHeld
 // before anything is sent.
 func (s *Session) LockAll(ctx context.Context, keys ...string) (*MultiLock, error) {
+	if err := nilContext(ctx, "Session.LockAll"); err != nil {
+		return nil, err
+	}
 	return s.lockAll(ctx, keys, true)
 }
 
@@ -110,6 +116,9 @@ func (s *Session) LockAll(ctx context.Context, keys ...string) (*MultiLock, erro
 // of the shard that refused, the first key somebody held, with its
 // holders (or, if the cluster named none, the shard's first key).
 func (s *Session) TryLockAll(ctx context.Context, keys ...string) (*MultiLock, error) {
+	if err := nilContext(ctx, "Session.TryLockAll"); err != nil {
+		return nil, err
+	}
 	return s.lockAll(ctx, keys, false)
 }
 

@@ -34,6 +34,12 @@ func Start(ctx context.Context, cfg Config) (*Node, error) { return start(ctx, c
 
 // start is Start with a test's hooks.
 func start(ctx context.Context, cfg Config, hooks peer.Hooks) (*Node, error) {
+	if err := nilContext(ctx, "Start"); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", cfg.Name, err)
+	}
 	raftInMemory := hooks.RaftTransport != nil
 	if err := cfg.validate(raftInMemory); err != nil {
 		return nil, err
@@ -68,7 +74,12 @@ func (n *Node) Ready() <-chan struct{} { return n.peer.Ready() }
 // lock shard answers a linearizable read through it: each has a leader
 // with a quorum, so a Lock made now waits only for the key. It returns
 // the reason if ctx ends first.
-func (n *Node) WaitServing(ctx context.Context) error { return n.peer.WaitServing(ctx) }
+func (n *Node) WaitServing(ctx context.Context) error {
+	if err := nilContext(ctx, "Node.WaitServing"); err != nil {
+		return err
+	}
+	return n.peer.WaitServing(ctx)
+}
 
 // Name returns the peer's name.
 func (n *Node) Name() string { return n.cfg.Name }
@@ -92,6 +103,9 @@ func (n *Node) Close() error { return n.peer.Close() }
 // and closes the node. If ctx ends first the peer stays draining and
 // running, and Leave returns an error.
 func (n *Node) Leave(ctx context.Context) error {
+	if err := nilContext(ctx, "Node.Leave"); err != nil {
+		return err
+	}
 	if n.peer.IsClosed() {
 		return ErrClosed
 	}

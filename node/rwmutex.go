@@ -30,24 +30,36 @@ func (s *Session) RWMutex(key string) *RWMutex { return &RWMutex{s: s, key: key}
 // behind any writer that holds it or waits for it, and returns the held
 // read lock. ctx ends the wait as for Node.Lock.
 func (m *RWMutex) RLock(ctx context.Context, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "RWMutex.RLock"); err != nil {
+		return nil, err
+	}
 	return m.lock(ctx, lockfsm.KindRead, true, opts)
 }
 
 // TryRLock takes the key for reading if no writer holds or waits for it,
 // and otherwise fails at once with a *LockedError.
 func (m *RWMutex) TryRLock(ctx context.Context, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "RWMutex.TryRLock"); err != nil {
+		return nil, err
+	}
 	return m.lock(ctx, lockfsm.KindRead, false, opts)
 }
 
 // Lock blocks until the key is granted to this session for writing: no
 // reader or writer holds it. It queues behind those that came first.
 func (m *RWMutex) Lock(ctx context.Context, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "RWMutex.Lock"); err != nil {
+		return nil, err
+	}
 	return m.lock(ctx, lockfsm.KindWrite, true, opts)
 }
 
 // TryLock takes the key for writing if nobody holds or waits for it, and
 // otherwise fails at once with a *LockedError.
 func (m *RWMutex) TryLock(ctx context.Context, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "RWMutex.TryLock"); err != nil {
+		return nil, err
+	}
 	return m.lock(ctx, lockfsm.KindWrite, false, opts)
 }
 

@@ -48,12 +48,18 @@ func (s *Session) Semaphore(key string, permits int) *Semaphore {
 // holds already do not count towards n: they stay held by their own
 // takes.
 func (m *Semaphore) Acquire(ctx context.Context, n int, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "Semaphore.Acquire"); err != nil {
+		return nil, err
+	}
 	return m.acquire(ctx, n, true, opts)
 }
 
 // TryAcquire takes n permits if they are free and nobody waits before
 // it, and otherwise fails at once with a *LockedError naming the holders.
 func (m *Semaphore) TryAcquire(ctx context.Context, n int, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "Semaphore.TryAcquire"); err != nil {
+		return nil, err
+	}
 	return m.acquire(ctx, n, false, opts)
 }
 

@@ -91,6 +91,9 @@ func WithTTL(d time.Duration) SessionOption {
 // out of range and ErrClosed after Close; ctx is for future options that
 // do I/O.
 func (n *Node) NewSession(ctx context.Context, opts ...SessionOption) (*Session, error) {
+	if err := nilContext(ctx, "Node.NewSession"); err != nil {
+		return nil, err
+	}
 	o := sessionOptions{ttl: n.cfg.SessionTTL}
 	for _, opt := range opts {
 		opt(&o)
@@ -146,11 +149,17 @@ func (s *Session) Err() error { return s.cs.Err() }
 // second across shards: docs/LOCKS.md), and a wait whose ctx ends returns
 // a *WaitError.
 func (s *Session) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "Session.Lock"); err != nil {
+		return nil, err
+	}
 	return s.acquire(ctx, key, true, client.Spec{}, opts)
 }
 
 // TryLock takes key for this session if it is free; see Node.TryLock.
 func (s *Session) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	if err := nilContext(ctx, "Session.TryLock"); err != nil {
+		return nil, err
+	}
 	return s.acquire(ctx, key, false, client.Spec{}, opts)
 }
 
@@ -199,7 +208,12 @@ func (s *Session) acquireChecked(ctx context.Context, key string, wait bool, spe
 // committed by then goes on in the background, and Close returns an error
 // saying so (the cluster frees the keys when the TTL runs out at the
 // latest). Close is idempotent.
-func (s *Session) Close(ctx context.Context) error { return s.cs.Close(ctx) }
+func (s *Session) Close(ctx context.Context) error {
+	if err := nilContext(ctx, "Session.Close"); err != nil {
+		return err
+	}
+	return s.cs.Close(ctx)
+}
 
 // Orphan stops the session's keepalives without closing it: the cluster
 // frees its locks when its TTL runs out, and their Done (and the

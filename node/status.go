@@ -132,6 +132,9 @@ type LongHold struct {
 // a peer that does not answer leaves its replicas not Reported. It fails
 // only when ctx ends or after Close.
 func (n *Node) Status(ctx context.Context) (Status, error) {
+	if err := nilContext(ctx, "Node.Status"); err != nil {
+		return Status{}, err
+	}
 	if n.peer.IsClosed() {
 		return Status{}, ErrClosed
 	}
@@ -187,6 +190,9 @@ const MaxTop = replica.MaxTop
 // shard that does not answer within ctx is listed in Missing. Top needs
 // feature level 3 (ErrIncompatible below it).
 func (n *Node) Top(ctx context.Context, k int) (Top, error) {
+	if err := nilContext(ctx, "Node.Top"); err != nil {
+		return Top{}, err
+	}
 	if k < 1 || k > MaxTop {
 		return Top{}, fmt.Errorf("%w: Top of %d; ask for 1 to %d", ErrInvalidArgument, k, MaxTop)
 	}

@@ -138,6 +138,9 @@ const watchBookmarkEvery = time.Second
 // peer restarting) are retried, resuming after the last index delivered.
 // Needs feature level 4.
 func (n *Node) Watch(ctx context.Context, key string, opts ...WatchOption) (<-chan WatchResponse, error) {
+	if err := nilContext(ctx, "Node.Watch"); err != nil {
+		return nil, err
+	}
 	o := watchOptions{buffer: 16}
 	for _, opt := range opts {
 		opt(&o)

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,9 +63,12 @@ func Check(p Peer, d Defaults) error {
 		return fmt.Errorf("DataDir is required")
 	}
 	for _, a := range p.addrs() {
-		host, _, err := net.SplitHostPort(a.addr)
+		host, port, err := net.SplitHostPort(a.addr)
 		if err != nil {
 			return fmt.Errorf("%s %q is not host:port: %v", a.field, a.addr, err)
+		}
+		if !validPort(port, true) {
+			return fmt.Errorf("%s %q: the port must be a number from 0 to 65535", a.field, a.addr)
 		}
 		if inMemory := a.field == "RaftAddr" && p.RaftInMemory; host != "" && net.ParseIP(host) == nil && !inMemory {
 			return fmt.Errorf("%s %q: the host must be an IP address (127.0.0.1, not localhost): a name would be resolved by the system resolver when the peer listens, and again by every peer that dials it", a.field, a.addr)
@@ -89,6 +93,12 @@ func Check(p Peer, d Defaults) error {
 	}
 	if p.NoReplicas && (p.BootstrapExpect != 0 || len(p.Join) == 0) {
 		return fmt.Errorf("NoReplicas needs Join and no BootstrapExpect: a client-only peer joins an existing cluster")
+	}
+	for _, j := range p.Join {
+		host, port, err := net.SplitHostPort(j)
+		if err != nil || host == "" || !validPort(port, false) {
+			return fmt.Errorf("Join address %q must be host:port, the gossip address of a peer, with a port from 1 to 65535 (the host may be a name, as a Kubernetes headless Service's)", j)
+		}
 	}
 	if p.BootstrapExpect == 0 && len(p.Join) == 0 {
 		return fmt.Errorf("set BootstrapExpect to create a cluster or Join to join one")
@@ -276,4 +286,11 @@ func checkTLS(t *tls.Config, name string) error {
 		return fmt.Errorf("the certificate names %q, not this peer's Name %q: peers are known by the Name their certificate carries (as its CommonName or a DNS SAN)", names, name)
 	}
 	return nil
+}
+
+// validPort reports whether port is a decimal port number, 0 (pick one
+// at start) only when zero is allowed.
+func validPort(port string, zero bool) bool {
+	n, err := strconv.ParseUint(port, 10, 16)
+	return err == nil && (n > 0 || zero) && len(port) <= 5
 }
