@@ -6,6 +6,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -131,7 +132,16 @@ func holderViews(hs []Holder) []statuspage.Holder {
 			Peer: h.Peer, Session: strconv.FormatUint(h.Session, 10), ShardSession: h.ShardSession,
 			Request: h.Request, Token: h.Token,
 			AgeMS: statuspage.Millis(h.Age), Age: statuspage.AgeText(h.Age, h.AtLeast), AtLeast: h.AtLeast,
+			Kind: kindText(h),
 		})
 	}
 	return out
+}
+
+// kindText is what the page says a hold is.
+func kindText(h Holder) string {
+	if h.Kind == "semaphore" {
+		return fmt.Sprintf("%d of a semaphore", h.Permits)
+	}
+	return h.Kind
 }

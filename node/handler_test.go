@@ -128,10 +128,10 @@ func newFakeStatus() *fakeStatus {
 		},
 		keys: map[string]KeyInfo{
 			"orders/17": {Key: "orders/17", Shard: 2,
-				Holders: []Holder{{Peer: "peer-1", Session: 0xfedcba9876543210, ShardSession: 3, Request: 8, Token: 42, Age: 2 * time.Second}},
+				Holders: []Holder{{Peer: "peer-1", Session: 0xfedcba9876543210, ShardSession: 3, Request: 8, Token: 42, Age: 2 * time.Second, Kind: "read", Permits: 1}},
 				Waiters: []Holder{
-					{Peer: "peer-2", Session: 22, ShardSession: 4, Request: 1, Age: 1234 * time.Millisecond},
-					{Peer: "peer-3", Session: 33, ShardSession: 5, Request: 1, Age: 10 * time.Minute, AtLeast: true},
+					{Peer: "peer-2", Session: 22, ShardSession: 4, Request: 1, Age: 1234 * time.Millisecond, Kind: "write", Permits: 1},
+					{Peer: "peer-3", Session: 33, ShardSession: 5, Request: 1, Age: 10 * time.Minute, AtLeast: true, Kind: "semaphore", Permits: 2},
 				}},
 			hostileKey: {Key: hostileKey, Shard: 1,
 				Holders: []Holder{{Peer: "peer-2", Session: 7, Token: 5}}},
@@ -249,9 +249,9 @@ func TestHandlerIndexKeyLookup(t *testing.T) {
 	}
 	for _, want := range []string{
 		`<code id="key-name">orders/17</code>`, `value="orders/17"`,
-		`<tr><td>peer-1</td><td>18364758544493064720</td><td>42</td><td>2s</td></tr>`,
-		`<tr><td>1</td><td>peer-2</td><td>22</td><td>1.2s</td></tr>`,
-		`<tr><td>2</td><td>peer-3</td><td>33</td><td>≥10m</td></tr>`,
+		`<tr><td>peer-1</td><td>18364758544493064720</td><td>42</td><td>2s</td><td>read</td></tr>`,
+		`<tr><td>1</td><td>peer-2</td><td>22</td><td>1.2s</td><td>write</td></tr>`,
+		`<tr><td>2</td><td>peer-3</td><td>33</td><td>≥10m</td><td>2 of a semaphore</td></tr>`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("page lacks %q", want)
@@ -422,7 +422,7 @@ func TestHandlerKeyJSON(t *testing.T) {
 	if len(holders) != 1 || len(waiters) != 2 {
 		t.Fatalf("%d holders and %d waiters, want 1 and 2", len(holders), len(waiters))
 	}
-	wantKeys(t, "holder", holders[0], "peer", "session", "shard_session", "request", "token", "age_ms", "age", "at_least")
+	wantKeys(t, "holder", holders[0], "peer", "session", "shard_session", "request", "token", "age_ms", "age", "at_least", "kind")
 	if h := holders[0].(map[string]any); h["peer"] != "peer-1" || h["token"] != 42.0 || h["age_ms"] != 2000.0 || h["session"] != "18364758544493064720" {
 		t.Errorf("holder = %v", h)
 	}

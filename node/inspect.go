@@ -32,6 +32,11 @@ type Holder struct {
 	// Value is what the holder or waiter attached to its hold (WithValue,
 	// Lock.SetValue, Campaign, Leadership.Proclaim); nil for none.
 	Value []byte
+	// Kind is what the hold is: "mutex", "read" or "write" (of a
+	// read/write lock), or "semaphore", whose Permits it takes (1 for
+	// every other kind).
+	Kind    string
+	Permits int
 	// Age is how long ago a holder was granted the key, or a waiter
 	// queued for it, as the replica that answered saw it; 0 when that
 	// replica does not know (it runs a release before ages, or did not see
@@ -97,7 +102,8 @@ func withAges(hs []Holder, ages []replica.Age) []Holder {
 func holders(hs []lockfsm.Holder) []Holder {
 	out := make([]Holder, len(hs))
 	for i, h := range hs {
-		out[i] = Holder{Peer: h.Owner, Session: h.Label, ShardSession: h.Session, Request: h.Req, Token: h.Token, Value: h.Value}
+		out[i] = Holder{Peer: h.Owner, Session: h.Label, ShardSession: h.Session, Request: h.Req, Token: h.Token, Value: h.Value,
+			Kind: h.Kind.String(), Permits: int(max(h.Permits, 1))}
 	}
 	return out
 }

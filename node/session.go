@@ -193,7 +193,7 @@ func (s *Session) acquireChecked(ctx context.Context, key string, wait bool, spe
 		if err = s.Err(); err == nil {
 			err = fmt.Errorf("%w: session lost", ErrLeaseExpired)
 		}
-		return nil, fmt.Errorf("lock %q: %w", key, err)
+		return nil, fmt.Errorf("lock %q: the Session has ended, and every call through it fails: open a new one (NewSession): %w", key, err)
 	}
 	if h == nil {
 		return nil, publicErr(err)

@@ -417,3 +417,34 @@ func TestInspectPrefix(t *testing.T) {
 		}
 	}
 }
+
+// Inspect says what each hold is: three readers with a writer queued are
+// three read holds and a write wait, and a semaphore's holds their
+// permits.
+func TestInspectSaysTheKind(t *testing.T) {
+	n, ctx := startPromiseCluster(t)
+	for range 3 {
+		if _, err := newTestSession(t, ctx, n).RWMutex("rw").RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() { _, _ = newTestSession(t, ctx, n).RWMutex("rw").Lock(ctx) }()
+	waitQueued(t, n, "rw", 1)
+	info, err := n.Inspect(ctx, "rw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, h := range append(info.Holders, info.Waiters...) {
+		kinds = append(kinds, h.Kind)
+	}
+	if got := strings.Join(kinds, " "); got != "read read read write" {
+		t.Fatalf("kinds %q, want three reads holding and a write waiting", got)
+	}
+	if _, err := newTestSession(t, ctx, n).Semaphore("pool", 5).Acquire(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := n.Inspect(ctx, "pool"); err != nil || info.Holders[0].Kind != "semaphore" || info.Holders[0].Permits != 3 {
+		t.Fatalf("the semaphore's holder %+v, %v, want 3 permits of a semaphore", info.Holders, err)
+	}
+}

@@ -127,6 +127,9 @@ type Holder struct {
 	AgeMS   float64 `json:"age_ms"`
 	Age     string  `json:"age"`
 	AtLeast bool    `json:"at_least"`
+	// Kind is what the hold is: "mutex", "read", "write", or a
+	// semaphore's permits ("3 of a semaphore").
+	Kind string `json:"kind"`
 }
 
 // ClusterText is a cluster id as the page shows it: hex, "" for 0 (not

@@ -113,9 +113,9 @@
     document.getElementById("key-result").hidden = false;
     text("key-name", info.key);
     text("key-shard", String(info.shard));
-    fill("key-holders", info.holders, (h) => [h.peer, h.session, String(h.token), h.age],
+    fill("key-holders", info.holders, (h) => [h.peer, h.session, String(h.token), h.age, h.kind],
       "nobody holds the key");
-    fill("key-waiters", info.waiters, (w, i) => [String(i + 1), w.peer, w.session, w.age],
+    fill("key-waiters", info.waiters, (w, i) => [String(i + 1), w.peer, w.session, w.age, w.kind],
       "nobody waits");
   }
 
