@@ -269,7 +269,7 @@ func watchEvents(es []lockfsm.Event) []WatchEvent {
 	for i, e := range es {
 		out[i] = WatchEvent{Kind: WatchEventKind(e.Kind), Key: e.Key, Holder: Holder{
 			Peer: e.Owner, Session: e.Label, ShardSession: e.Session, Request: e.Req, Token: e.Token,
-			Value: slices.Clone(e.Value), // a local journal's events share the state's bytes
+			Value: slices.Clone(e.Value),                                       // a local journal's events share the state's bytes
 			Kind:  e.Lock.String(), Permits: int(max(e.Permits, 1))}, Position: e.Position}
 	}
 	return out
