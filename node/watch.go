@@ -267,10 +267,10 @@ func (w *watch) send(ctx context.Context, r WatchResponse) bool {
 func watchEvents(es []lockfsm.Event) []WatchEvent {
 	out := make([]WatchEvent, len(es))
 	for i, e := range es {
-		out[i] = WatchEvent{Kind: WatchEventKind(e.Kind), Key: e.Key, Holder: Holder{
-			Peer: e.Owner, Session: e.Label, ShardSession: e.Session, Request: e.Req, Token: e.Token,
-			Value: slices.Clone(e.Value),                                       // a local journal's events share the state's bytes
-			Kind:  e.Lock.String(), Permits: int(max(e.Permits, 1))}, Position: e.Position}
+		h := Holder{Peer: e.Owner, Session: e.Label, ShardSession: e.Session, Request: e.Req, Token: e.Token,
+			Kind: e.Lock.String(), Permits: int(max(e.Permits, 1))}
+		h.Value = slices.Clone(e.Value) // a local journal's events share the state's bytes
+		out[i] = WatchEvent{Kind: WatchEventKind(e.Kind), Key: e.Key, Holder: h, Position: e.Position}
 	}
 	return out
 }
