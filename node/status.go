@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockmesh/lockmesh/internal/layout"
+	"github.com/lockmesh/lockmesh/internal/peer"
 	"github.com/lockmesh/lockmesh/internal/release"
 	"github.com/lockmesh/lockmesh/internal/replica"
 )
@@ -24,7 +25,10 @@ type Status struct {
 	Cluster uint64
 	// Level is the cluster's feature level (docs/UPGRADING.md).
 	Level uint8
-	// Ready is true once the peer serves locks (it knows the layout).
+	// Ready is true when the peer knows the layout and a leader of every
+	// lock shard, as the replicas that answered know them: a Lock of any
+	// key can be granted now. A shard without a quorum has no leader, so
+	// Ready is false in an outage.
 	Ready bool
 	// Members are the peers gossip sees and those the layout lists, as
 	// Members returns them, with the feature levels they speak.
@@ -151,12 +155,15 @@ func (n *Node) Status(ctx context.Context) (Status, error) {
 		return st, ctx.Err()
 	}
 	st.Cluster = p.ClusterID
-	applied := n.peer.AskApplied(ctx, p)
+	reports := n.peer.AskApplied(ctx, p)
+	applied := reports.Applied
+	st.Ready = true
 	for _, shard := range p.ShardIDs() {
 		if shard == layout.MetaShard {
 			continue
 		}
-		ss := ShardStatus{Shard: shard, Leader: n.peer.LeaderGuess(shard)}
+		ss := ShardStatus{Shard: shard, Leader: knownLeader(reports, p, shard, n.cfg.Name)}
+		st.Ready = st.Ready && ss.Leader != ""
 		var most uint64
 		for _, r := range p.Replicas[shard] {
 			rs := ReplicaStatus{Peer: r.Peer, Replica: r.ID, Leader: r.Peer == ss.Leader}
@@ -258,3 +265,27 @@ func (n *Node) Top(ctx context.Context, k int) (Top, error) {
 }
 
 func micros(us uint64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// knownLeader is the leader of shard as the replicas that answered know
+// it: this peer's own replica's knowledge when it runs one, else the one
+// the shard's answering hosts name most (ties to the first by name); ""
+// when none knows a leader. Never a cached guess: after the leader died,
+// a shard without one is shown as such.
+func knownLeader(r peer.Reports, p *layout.Placement, shard uint64, self string) string {
+	if l, ok := r.Leaders[self][shard]; ok {
+		return l
+	}
+	votes := map[string]int{}
+	best := ""
+	for _, host := range p.HostNames(shard) {
+		l := r.Leaders[host][shard]
+		if l == "" {
+			continue
+		}
+		votes[l]++
+		if votes[l] > votes[best] || votes[l] == votes[best] && l < best {
+			best = l
+		}
+	}
+	return best
+}

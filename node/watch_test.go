@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -447,4 +448,45 @@ func TestInspectSaysTheKind(t *testing.T) {
 	if info, err := n.Inspect(ctx, "pool"); err != nil || info.Holders[0].Kind != "semaphore" || info.Holders[0].Permits != 3 {
 		t.Fatalf("the semaphore's holder %+v, %v, want 3 permits of a semaphore", info.Holders, err)
 	}
+}
+
+// After two of three peers die, the survivor's Status tells the truth:
+// no leader for any shard once its replicas know none, and not Ready,
+// rather than the leaders it last heard of.
+func TestStatusAfterQuorumLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three peers and kills two")
+	}
+	logs := newLogRecorder()
+	peers := startCluster(t, clusterOpts{peers: 3, rf: 3, shards: 2, ttl: 2 * time.Second, mutate: func(c *Config) {
+		if c.Name == "peer-1" {
+			c.Logger = slog.New(logs)
+		}
+	}})
+	ctx := ctxT(t, time.Minute)
+	var st Status
+	var err error
+	pollUntil(t, 30*time.Second, "a healthy cluster's Status to be ready, with a leader for every shard", func() bool {
+		st, err = peers[0].node.Status(ctx)
+		return err == nil && st.Ready && !slices.ContainsFunc(st.Shards, func(s ShardStatus) bool { return s.Leader == "" })
+	})
+	peers[1].node.peer.Kill()
+	peers[2].node.peer.Kill()
+	pollUntil(t, 30*time.Second, "the survivor's Status to show no leaders and not ready", func() bool {
+		st, err = peers[0].node.Status(ctx)
+		if err != nil || st.Ready {
+			return false
+		}
+		for _, s := range st.Shards {
+			if s.Leader != "" {
+				return false
+			}
+		}
+		return true
+	})
+	// And it says so where operators look: a warning for each lock shard
+	// without a leader (after 5 s).
+	pollUntil(t, 30*time.Second, "a warning for each lock shard without a leader", func() bool {
+		return logs.count(slog.LevelWarn, "shard has no leader: its locks wait until a quorum of its replicas is back") >= 2
+	})
 }

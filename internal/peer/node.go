@@ -133,6 +133,7 @@ func Start(ctx context.Context, cfg Config, hooks Hooks, obs Observer) (*Peer, e
 	n.goFunc(func() { n.ctrl.Run(n.ctx) })
 	n.goFunc(func() { n.membership.RunPlacement(n.ctx) })
 	n.goFunc(n.knownPeersLoop)
+	n.goFunc(n.quorumLoop)
 	return n, nil
 }
 

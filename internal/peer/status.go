@@ -15,10 +15,28 @@ import (
 // statusPeerTimeout bounds the wait for each peer's answer in Status.
 const statusPeerTimeout = time.Second
 
+// Reports are what the live peers of a layout said of their lock
+// replicas (AskApplied): how far each has applied, and the leader each
+// knows, by peer and shard.
+type Reports struct {
+	Applied map[string]map[uint64]uint64
+	Leaders map[string]map[uint64]string // "" when the replica knows none
+}
+
 // AskApplied asks every live peer of layout p, this one included, how far
-// its lock replicas have applied: peer -> shard -> index.
-func (n *Peer) AskApplied(ctx context.Context, p *layout.Placement) map[string]map[uint64]uint64 {
-	out := map[string]map[uint64]uint64{n.cfg.Name: n.appliedIndexes()}
+// its lock replicas have applied and whom they know to lead.
+func (n *Peer) AskApplied(ctx context.Context, p *layout.Placement) Reports {
+	out := Reports{Applied: map[string]map[uint64]uint64{n.cfg.Name: n.appliedIndexes()}, Leaders: map[string]map[uint64]string{}}
+	own := map[uint64]string{}
+	for _, ls := range n.LocalShards() {
+		own[ls.Shard] = ""
+		if id, ok := n.replicas.Leader(ls.Shard); ok && ls.LeaderKnown {
+			if name, ok := p.ReplicaPeer(ls.Shard, id); ok {
+				own[ls.Shard] = name
+			}
+		}
+	}
+	out.Leaders[n.cfg.Name] = own
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, pe := range p.Peers {
@@ -34,11 +52,21 @@ func (n *Peer) AskApplied(ctx context.Context, p *layout.Placement) map[string]m
 			cctx, cancel := context.WithTimeout(ctx, statusPeerTimeout)
 			defer cancel()
 			ps, err := n.membership.Status(cctx, pe.Name)
-			if err != nil || ps.Applied == nil {
+			if err != nil {
 				return
 			}
+			leaders := map[uint64]string{}
+			for shard := range ps.Replicas {
+				leaders[shard] = ""
+				if peer, ok := p.PeerByReplica(ps.Leaders[shard]); ok && ps.Leaders[shard] != 0 && p.Hosts(shard, peer.Name) {
+					leaders[shard] = peer.Name
+				}
+			}
 			mu.Lock()
-			out[pe.Name] = ps.Applied
+			if ps.Applied != nil {
+				out.Applied[pe.Name] = ps.Applied
+			}
+			out.Leaders[pe.Name] = leaders
 			mu.Unlock()
 		}()
 	}
