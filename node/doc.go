@@ -42,7 +42,14 @@
 //
 // # Errors
 //
-// Errors wrap the sentinels in errors.go (ErrLocked, ErrLeaseExpired,
-// ErrNotHeld, ErrClosed, ErrInvalidKey, ErrInvalidConfig, ErrUnavailable,
-// ErrStaleToken); check them with errors.Is.
+// Errors wrap the sentinels in errors.go; check them with errors.Is.
+// A lock call: ErrLocked (a TryLock refused; a *LockedError names the
+// holders), ErrAlreadyHeld, ErrDeadlock, ErrKindMismatch,
+// ErrLimitMismatch. A hold: ErrLeaseExpired, ErrNotHeld, ErrReleased (a
+// Lock.Context's cause), ErrSessionClosed, ErrStaleToken (Fence). The
+// cluster: ErrUnavailable, ErrReplicaHalted, ErrIncompatible (a feature
+// level not raised yet), ErrClosed. Bad input: ErrInvalidKey,
+// ErrInvalidArgument, ErrInvalidConfig. Elections and watches:
+// ErrNoLeader, ErrSlowWatcher. A wait whose ctx ended returns a
+// *WaitError.
 package node
