@@ -135,6 +135,7 @@ func newTelemetry(cfg Config) (*telemetry, error) {
 	}
 	entries := obsCounter("lockmesh.raft.entries", "{entry}", "Lock shard Raft entries this peer's replicas applied.")
 	commands := obsCounter("lockmesh.raft.commands", "{command}", "Lock commands in those entries; commands/entries is the batching.")
+	grants := obsCounter("lockmesh.shard.grants", "{grant}", "Grants each shard this peer leads has made since it began (its fencing tokens issued): every peer's locks, so scraping the leaders is enough.")
 	sessions := gauge("lockmesh.shard.sessions", "{session}", "Live sessions of each shard this peer leads.")
 	keys := gauge("lockmesh.shard.keys", "{key}", "Keys held or waited for, per shard this peer leads.")
 	holders := gauge("lockmesh.shard.holders", "{holder}", "Holders, per shard this peer leads.")
@@ -146,14 +147,14 @@ func newTelemetry(cfg Config) (*telemetry, error) {
 		return nil, err
 	}
 	t.meter = m
-	t.observed = observedInstruments{entries: entries, commands: commands, sessions: sessions, keys: keys,
+	t.observed = observedInstruments{entries: entries, commands: commands, grants: grants, sessions: sessions, keys: keys,
 		holders: holders, waiters: waiters, leader: leader, members: members}
 	return t, nil
 }
 
 // observedInstruments are the instruments read at collection time.
 type observedInstruments struct {
-	entries, commands                                 metric.Int64ObservableCounter
+	entries, commands, grants                         metric.Int64ObservableCounter
 	sessions, keys, holders, waiters, leader, members metric.Int64ObservableGauge
 }
 
@@ -162,7 +163,7 @@ type observedInstruments struct {
 // replicas, which exist only from then on. close stops it.
 func (t *telemetry) register(n *Node) error {
 	in := t.observed
-	entries, commands, sessions, keys, holders, waiters, leader, members := in.entries, in.commands,
+	entries, commands, grants, sessions, keys, holders, waiters, leader, members := in.entries, in.commands, in.grants,
 		in.sessions, in.keys, in.holders, in.waiters, in.leader, in.members
 	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		st := n.Stats()
@@ -192,9 +193,10 @@ func (t *telemetry) register(n *Node) error {
 			o.ObserveInt64(keys, int64(c.Keys), shardAttr)
 			o.ObserveInt64(holders, int64(c.Holders), shardAttr)
 			o.ObserveInt64(waiters, int64(c.Waiters), shardAttr)
+			o.ObserveInt64(grants, int64(max(c.NextToken, 1)-1), shardAttr)
 		}
 		return nil
-	}, entries, commands, sessions, keys, holders, waiters, leader, members)
+	}, entries, commands, grants, sessions, keys, holders, waiters, leader, members)
 	if err != nil {
 		return err
 	}

@@ -257,6 +257,14 @@ func TestObservability(t *testing.T) {
 			t.Errorf("no %s", name)
 		}
 	}
+	// The shards' grants come from their leaders, whoever locked.
+	grants := 0
+	for _, m := range []map[string]metricdata.Metrics{m1, m2, collect(t, readers[2])} {
+		grants += len(attributesOf(m["lockmesh.shard.grants"]))
+	}
+	if grants == 0 {
+		t.Error("no peer reported lockmesh.shard.grants")
+	}
 	for _, m := range []map[string]metricdata.Metrics{m1, m2, collect(t, readers[2])} {
 		for name, mm := range m {
 			for _, set := range attributesOf(mm) {

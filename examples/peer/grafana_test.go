@@ -31,7 +31,7 @@ var exportedNames = func() map[string]bool {
 	}
 	for _, c := range []string{ // counters and observable counters
 		"lockmesh.lease.lost", "lockmesh.lease.lost.locks", "lockmesh.shard.leader.changes",
-		"lockmesh.raft.entries", "lockmesh.raft.commands",
+		"lockmesh.raft.entries", "lockmesh.raft.commands", "lockmesh.shard.grants",
 	} {
 		names[prom(c)+"_total"] = true
 	}
