@@ -69,6 +69,9 @@ func statusViewOf(st Status) statuspage.Status {
 		Shards:  make([]statuspage.Shard, 0, len(st.Shards)),
 	}
 	for _, m := range st.Members {
+		if !m.Alive {
+			v.PeersDown++
+		}
 		v.Members = append(v.Members, statuspage.Member{
 			Name: m.Name, Alive: m.Alive, Level: m.Level,
 			GossipAddr: m.GossipAddr, RaftAddr: m.RaftAddr, RPCAddr: m.RPCAddr,
@@ -76,6 +79,9 @@ func statusViewOf(st Status) statuspage.Status {
 		})
 	}
 	for _, s := range st.Shards {
+		if s.Leader == "" {
+			v.Leaderless++
+		}
 		sv := statuspage.Shard{
 			Shard: s.Shard, Leader: s.Leader, Replicas: make([]statuspage.Replica, 0, len(s.Replicas)),
 			Counted: s.Counted, Sessions: s.Sessions, Keys: s.Keys, Holders: s.Holders, Waiters: s.Waiters,

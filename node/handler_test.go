@@ -330,9 +330,13 @@ func TestHandlerStatusJSON(t *testing.T) {
 		t.Errorf("Content-Type %q", ct)
 	}
 	v := decodeJSON(t, body)
-	wantKeys(t, "status", v, "peer", "release", "cluster", "level", "ready", "members", "shards")
+	wantKeys(t, "status", v, "peer", "release", "cluster", "level", "ready", "peers_down", "shards_without_leader", "members", "shards")
 	if v["cluster"] != "feedfacecafebeef" || v["peer"] != "peer-1" || v["level"] != 4.0 || v["ready"] != true {
 		t.Errorf("status = %v", v)
+	}
+	// peer-3 is not alive, and shard 3 has no leader known.
+	if v["peers_down"] != 1.0 || v["shards_without_leader"] != 1.0 {
+		t.Errorf("summary: %v peers down, %v shards without a leader; want 1 and 1", v["peers_down"], v["shards_without_leader"])
 	}
 	members := v["members"].([]any)
 	if len(members) != 3 {

@@ -27,11 +27,16 @@ type Status struct {
 	Peer    string `json:"peer"`
 	Release string `json:"release"`
 	// Cluster is the cluster id in hex (ClusterText), "" while unknown.
-	Cluster string   `json:"cluster"`
-	Level   uint8    `json:"level"`
-	Ready   bool     `json:"ready"`
-	Members []Member `json:"members"`
-	Shards  []Shard  `json:"shards"`
+	Cluster string `json:"cluster"`
+	Level   uint8  `json:"level"`
+	Ready   bool   `json:"ready"`
+	// PeersDown counts the peers the layout lists that gossip does not
+	// see alive, and Leaderless the lock shards without a known leader:
+	// the page's summary of an outage.
+	PeersDown  int      `json:"peers_down"`
+	Leaderless int      `json:"shards_without_leader"`
+	Members    []Member `json:"members"`
+	Shards     []Shard  `json:"shards"`
 }
 
 // Member is one peer of the mesh as Status lists it.

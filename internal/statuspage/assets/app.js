@@ -63,6 +63,8 @@
     text("cluster", st.cluster || "none yet");
     text("level", String(st.level));
     text("ready", st.ready ? "yes" : span("warn", "no"));
+    text("peers-down", st.peers_down ? span("warn", String(st.peers_down)) : "0");
+    text("leaderless", st.shards_without_leader ? span("warn", String(st.shards_without_leader)) : "0");
     fill("members", st.members, (m) => [
       m.name,
       m.alive ? "alive" : span("warn", "not alive"),
