@@ -312,6 +312,7 @@ type event struct {
 	peer   string
 	value  string
 	place  int
+	shard  uint64
 	// at is the child's at= time, or when the demo read the line.
 	at time.Time
 }
@@ -344,6 +345,8 @@ func parse(from, text string, read time.Time) event {
 			e.value = v
 		case "place":
 			e.place, _ = strconv.Atoi(v)
+		case "shard":
+			e.shard, _ = strconv.ParseUint(v, 10, 64)
 		case "at":
 			if ns, err := strconv.ParseInt(v, 10, 64); err == nil {
 				e.at = time.Unix(0, ns)

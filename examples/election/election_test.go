@@ -36,14 +36,15 @@ func TestParseFlags(t *testing.T) {
 	base := []string{"-data", "/tmp/p1", "-gossip", "127.0.0.1:7001", "-raft", "127.0.0.1:7002", "-rpc", "127.0.0.1:7003"}
 	with := func(extra ...string) []string { return append(slices.Clone(base), extra...) }
 	cfg, err = parseFlags(with("-role", "peer", "-name", "p1", "-expect", "3", "-join", "127.0.0.1:7011, 127.0.0.1:7021,",
-		"-election", "election/x", "-report-leading", "50ms", "-log-level", "debug"))
+		"-election", "election/x", "-report-leading", "50ms", "-report-shard-leader", "100ms", "-log-level", "debug"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if nc := cfg.node; nc.Name != "p1" || nc.DataDir != "/tmp/p1" || nc.BootstrapExpect != 3 || strings.Join(nc.Join, " ") != "127.0.0.1:7011 127.0.0.1:7021" || nc.NoReplicas {
 		t.Errorf("peer: %+v", nc)
 	}
-	if cfg.role != rolePeer || cfg.election != "election/x" || cfg.reportLeading != 50*time.Millisecond || cfg.logLevel.String() != "DEBUG" {
+	if cfg.role != rolePeer || cfg.election != "election/x" || cfg.reportLeading != 50*time.Millisecond ||
+		cfg.reportShardLeader != 100*time.Millisecond || cfg.logLevel.String() != "DEBUG" {
 		t.Errorf("peer: %+v", cfg)
 	}
 	if cfg, err = parseFlags(with("-role", "observer", "-join", "127.0.0.1:7011")); err != nil || !cfg.node.NoReplicas {
@@ -67,6 +68,8 @@ func TestParseFlags(t *testing.T) {
 		{with("-role", "observer", "-expect", "3", "-join", "127.0.0.1:7011"), "no -expect"},
 		{with("-role", "observer", "-join", "127.0.0.1:7011", "-report-leading", "1s"), "-report-leading"},
 		{with("-role", "peer", "-expect", "3", "-report-leading", "-1s"), "-report-leading"},
+		{with("-role", "observer", "-join", "127.0.0.1:7011", "-report-shard-leader", "1s"), "-report-shard-leader is for -role peer"},
+		{with("-role", "peer", "-expect", "3", "-report-shard-leader", "-1s"), "-report-shard-leader"},
 		{with("-role", "peer", "-expect", "3", "-log-level", "loud"), "-log-level"},
 		{with("-role", "peer", "-expect", "3", "-raft", "127.0.0.1:0"), "fixed port"},
 		{[]string{"-role", "peer", "-expect", "3"}, "-data"},
@@ -107,6 +110,7 @@ func TestParseLine(t *testing.T) {
 		{"resync vacant index=130 at=1700000000123456789", event{kind: "vacant", resync: true, index: 130, at: at}},
 		{"lost term=7 peer=p2 at=1700000000123456789 err=lockmesh: lease expired term=9", event{kind: "lost", term: 7, peer: "p2", at: at}},
 		{"queued peer=p3 place=2 at=1700000000123456789", event{kind: "queued", peer: "p3", place: 2, at: at}},
+		{"shardleader shard=12 peer=p1 at=1700000000123456789", event{kind: "shardleader", shard: 12, peer: "p1", at: at}},
 	} {
 		got := parse("x", tc.line, time.Time{})
 		tc.want.from, tc.want.text = "x", tc.line
