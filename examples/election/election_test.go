@@ -189,9 +189,8 @@ func TestFailoverMeasure(t *testing.T) {
 //     until the children were stopped are exactly the peers' elected
 //     lines until then, in term order (vacancies in between allowed),
 //     with no resync and no observation that ended;
-//   - no leadership overlapped its successor's: no peer printed a leading
-//     (or elected) line of a term later than another's elected line of a
-//     higher term, and no term was elected twice;
+//   - no leadership overlapped its successor's, and terms rose in the
+//     order the peers were elected (checkLeaderships);
 //   - the crashed leader's leadership lasted until its session could
 //     lapse (at least half the TTL), while a resignation handed over at
 //     once (well within half the TTL).
@@ -204,40 +203,11 @@ func checkRound(t reporter, r *round, ttl time.Duration) {
 		t.Errorf("leaders %v: want three different peers (the resigned leader queued again behind the third)", r.leaders)
 	}
 
-	var observed, elected []event
-	reliance := map[uint64][2]time.Time{} // term: first elected, last relied on
-	whose := map[uint64]string{}
-	for _, e := range r.events {
-		switch {
-		case e.from == observerName:
-			switch e.kind {
-			case "leader", "vacant":
-				if e.resync {
-					t.Errorf("the observer resynced: %q", e.text)
-				}
-				observed = append(observed, e)
-			case "observe-ended":
-				t.Errorf("the observation ended: %q", e.text)
-			}
-		case e.kind == "elected":
-			if p, dup := whose[e.term]; dup {
-				t.Errorf("%s and %s were both elected with term %d", p, e.from, e.term)
-			}
-			whose[e.term] = e.from
-			reliance[e.term] = [2]time.Time{e.at, e.at}
-			if e.at.Before(r.stopped) {
-				elected = append(elected, e)
-			}
-		case e.kind == "leading":
-			iv, ok := reliance[e.term]
-			if !ok || whose[e.term] != e.from {
-				t.Errorf("%s printed %q without being elected with that term", e.from, e.text)
-				continue
-			}
-			if e.at.After(iv[1]) {
-				iv[1] = e.at
-				reliance[e.term] = iv
-			}
+	byTerm := checkLeaderships(t, r.events)
+	var elected []event
+	for _, e := range byTerm {
+		if e.at.Before(r.stopped) {
+			elected = append(elected, e)
 		}
 	}
 
@@ -253,19 +223,7 @@ func checkRound(t reporter, r *round, ttl time.Duration) {
 	}
 
 	// The observer: index order, term order, and every change.
-	var seen []event
-	for i, e := range observed {
-		if i > 0 && e.index <= observed[i-1].index {
-			t.Errorf("the observer printed index %d after %d: %q after %q", e.index, observed[i-1].index, e.text, observed[i-1].text)
-		}
-		if e.kind != "leader" {
-			continue
-		}
-		if len(seen) > 0 && e.term <= seen[len(seen)-1].term {
-			t.Errorf("the observer printed term %d after term %d", e.term, seen[len(seen)-1].term)
-		}
-		seen = append(seen, e)
-	}
+	seen := checkObserver(t, r.events, false)
 	slices.SortFunc(elected, func(a, b event) int { return cmp.Compare(a.term, b.term) })
 	var want, got []string
 	for _, e := range elected {
@@ -283,23 +241,112 @@ func checkRound(t reporter, r *round, ttl time.Duration) {
 		t.Errorf("peers printed %d elected lines before the stop, want 3 (the first leader, after its resignation, after the crash): %v", len(want), want)
 	}
 
-	// No overlap: a leadership relied on after a higher term was elected.
-	for a, ia := range reliance {
-		for b, ib := range reliance {
-			if a < b && ia[1].After(ib[0]) {
-				t.Errorf("%s relied on term %d until %v, after %s was elected with term %d at %v",
-					whose[a], a, ia[1].Format(time.StampMicro), whose[b], b, ib[0].Format(time.StampMicro))
-			}
-		}
-	}
-
 	if r.failover < ttl/2 {
 		t.Errorf("%s was elected %v after %s was killed: its session was not held for its TTL of %v", r.leaders[2], r.failover, r.leaders[1], ttl)
 	}
 	if r.handover > ttl/2 {
 		t.Errorf("%s was elected %v after %s was asked to resign: a resignation hands over at once", r.leaders[1], r.handover, r.leaders[0])
 	}
+}
 
+// checkLeaderships checks the peers' elected and leading lines among
+// events, and returns the elected line of each term:
+//
+//   - no term was elected twice, and nobody printed a leading line of a
+//     term it was not elected with;
+//   - terms rose in the order of the elected lines' at= times;
+//   - no leadership overlapped its successor's: no peer printed a leading
+//     (or elected) line of a term later than another's elected line of a
+//     higher term.
+//
+// A leading line's at= is read before the peer found its leadership
+// held, so the peer did rely on it then: a leading line of a term later
+// than the next term's elected line is two leaders at once.
+func checkLeaderships(t reporter, events []event) map[uint64]event {
+	t.Helper()
+	elected := map[uint64]event{}
+	reliance := map[uint64][2]time.Time{} // term: first elected, last relied on
+	var order []event
+	for _, e := range events {
+		switch e.kind {
+		case "elected":
+			if p, dup := elected[e.term]; dup {
+				t.Errorf("%s and %s were both elected with term %d", p.from, e.from, e.term)
+				continue
+			}
+			elected[e.term] = e
+			reliance[e.term] = [2]time.Time{e.at, e.at}
+			order = append(order, e)
+		case "leading":
+			iv, ok := reliance[e.term]
+			if !ok || elected[e.term].from != e.from {
+				t.Errorf("%s printed %q without being elected with that term", e.from, e.text)
+				continue
+			}
+			if e.at.After(iv[1]) {
+				iv[1] = e.at
+				reliance[e.term] = iv
+			}
+		}
+	}
+	slices.SortStableFunc(order, func(a, b event) int { return a.at.Compare(b.at) })
+	for i := 1; i < len(order); i++ {
+		if order[i].term <= order[i-1].term {
+			t.Errorf("%s was elected with term %d at %v, after %s with term %d at %v: terms do not rise",
+				order[i].from, order[i].term, order[i].at.Format(time.StampMicro), order[i-1].from, order[i-1].term, order[i-1].at.Format(time.StampMicro))
+		}
+	}
+	for a, ia := range reliance {
+		for b, ib := range reliance {
+			if a < b && ia[1].After(ib[0]) {
+				t.Errorf("%s relied on term %d until %v, after %s was elected with term %d at %v",
+					elected[a].from, a, ia[1].Format(time.StampMicro), elected[b].from, b, ib[0].Format(time.StampMicro))
+			}
+		}
+	}
+	return elected
+}
+
+// checkObserver checks the observer's lines among events: indexes rise,
+// and so do the terms of its leader lines. It returns the leader lines.
+// With resyncs false, a resync or an observation that ended is an error
+// too; with it true, each is allowed (the state read again may be at the
+// index and term of the last line: nothing changed), but never a step
+// back.
+func checkObserver(t reporter, events []event, resyncs bool) []event {
+	t.Helper()
+	var seen []event
+	var last *event
+	for _, e := range events {
+		if e.from != observerName {
+			continue
+		}
+		switch e.kind {
+		case "leader", "vacant":
+		case "observe-ended":
+			if !resyncs {
+				t.Errorf("the observation ended: %q", e.text)
+			}
+			continue
+		default:
+			continue
+		}
+		if e.resync && !resyncs {
+			t.Errorf("the observer resynced: %q", e.text)
+		}
+		if last != nil && (e.index < last.index || e.index == last.index && !e.resync) {
+			t.Errorf("the observer printed index %d after %d: %q after %q", e.index, last.index, e.text, last.text)
+		}
+		last = &e
+		if e.kind != "leader" {
+			continue
+		}
+		if n := len(seen); n > 0 && (e.term < seen[n-1].term || e.term == seen[n-1].term && !e.resync) {
+			t.Errorf("the observer printed term %d after term %d", e.term, seen[n-1].term)
+		}
+		seen = append(seen, e)
+	}
+	return seen
 }
 
 // checkStopped checks that every child of the round exited and that its
@@ -406,6 +453,9 @@ func TestCheckRoundCatches(t *testing.T) {
 		{"a term elected twice", func(r *round) {
 			replace(r, 12, "p1", "elected term=2 peer=p1")
 		}, "both elected with term 2"},
+		{"a lower term elected later", func(r *round) {
+			r.events[7].at = at(15001 * ms)
+		}, "elected with term 2 at"},
 		{"not FIFO", func(r *round) {
 			r.events[3].from, r.events[4].from = "p1", "p3"
 		}, "p1 was first in the queue"},
