@@ -139,7 +139,7 @@ func TestFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRound(t, r, node.DefaultSessionTTL)
-	checkStopped(t, r)
+	checkStopped(t, r.events, r.pids)
 	t.Logf("resignation: %s elected %v after %s was signalled; crash: %s elected %v after %s was killed",
 		r.leaders[1], r.handover.Round(time.Millisecond), r.leaders[0], r.leaders[2], r.failover.Round(time.Millisecond), r.leaders[1])
 }
@@ -170,7 +170,7 @@ func TestFailoverMeasure(t *testing.T) {
 	for i, r := range rounds {
 		t.Run(strconv.Itoa(i+1), func(t *testing.T) {
 			checkRound(t, r, node.DefaultSessionTTL)
-			checkStopped(t, r)
+			checkStopped(t, r.events, r.pids)
 		})
 		failover = append(failover, r.failover)
 	}
@@ -349,17 +349,17 @@ func checkObserver(t reporter, events []event, resyncs bool) []event {
 	return seen
 }
 
-// checkStopped checks that every child of the round exited and that its
-// process is gone.
-func checkStopped(t *testing.T, r *round) {
+// checkStopped checks that every child of a round (pids, by name)
+// exited, as its events say, and that its process is gone.
+func checkStopped(t *testing.T, events []event, pids map[string]int) {
 	t.Helper()
 	exited := map[string]bool{}
-	for _, e := range r.events {
+	for _, e := range events {
 		if e.kind == "exited" {
 			exited[e.from] = true
 		}
 	}
-	for name, pid := range r.pids {
+	for name, pid := range pids {
 		if !exited[name] {
 			t.Errorf("%s (pid %d) was not seen to exit", name, pid)
 		}
@@ -367,8 +367,8 @@ func checkStopped(t *testing.T, r *round) {
 			t.Errorf("%s (pid %d) is still there: kill -0 says %v", name, pid, err)
 		}
 	}
-	if len(r.pids) != len(peerNames)+1 {
-		t.Errorf("%d children, want %d", len(r.pids), len(peerNames)+1)
+	if len(pids) != len(peerNames)+1 {
+		t.Errorf("%d children, want %d", len(pids), len(peerNames)+1)
 	}
 }
 
@@ -392,11 +392,11 @@ func TestCheckRoundCatches(t *testing.T) {
 	t0 := time.Unix(1700000000, 0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	ms := time.Millisecond
+	ev := func(from, text string, when time.Duration) event { return parse(from, text, at(when)) }
+	line := func(from, format string, when time.Duration, args ...any) event {
+		return ev(from, fmt.Sprintf(format, args...)+fmt.Sprintf(" at=%d", at(when).UnixNano()), when)
+	}
 	good := func() *round {
-		ev := func(from, text string, when time.Duration) event { return parse(from, text, at(when)) }
-		line := func(from, format string, when time.Duration, args ...any) event {
-			return ev(from, fmt.Sprintf(format, args...)+fmt.Sprintf(" at=%d", at(when).UnixNano()), when)
-		}
 		return &round{
 			leaders: [3]string{"p2", "p3", "p1"}, terms: [3]uint64{1, 2, 3},
 			handover: 2 * ms, failover: 11 * time.Second,
@@ -429,8 +429,8 @@ func TestCheckRoundCatches(t *testing.T) {
 	if len(rec.errs) > 0 {
 		t.Fatalf("the good round fails: %q", rec.errs)
 	}
-	replace := func(r *round, i int, from, text string) {
-		r.events[i] = parse(from, text, r.events[i].at)
+	replace := func(events []event, i int, from, text string) {
+		events[i] = parse(from, text+fmt.Sprintf(" at=%d", events[i].at.UnixNano()), events[i].at)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -442,16 +442,16 @@ func TestCheckRoundCatches(t *testing.T) {
 			r.events = slices.Delete(r.events, 8, 9)
 		}, "the observer saw leaders [p2@1 p1@3]"},
 		{"observer out of index order", func(r *round) {
-			replace(r, 8, observerName, "leader term=2 value=p3 index=6")
+			replace(r.events, 8, observerName, "leader term=2 value=p3 index=6")
 		}, "printed index 6 after 7"},
 		{"observer resyncs", func(r *round) {
-			replace(r, 8, observerName, "resync leader term=2 value=p3 index=12")
+			replace(r.events, 8, observerName, "resync leader term=2 value=p3 index=12")
 		}, "resynced"},
 		{"a leader relies on its term after the next is elected", func(r *round) {
 			r.events[5].at = at(3003 * ms)
 		}, "p2 relied on term 1 until"},
 		{"a term elected twice", func(r *round) {
-			replace(r, 12, "p1", "elected term=2 peer=p1")
+			replace(r.events, 12, "p1", "elected term=2 peer=p1")
 		}, "both elected with term 2"},
 		{"a lower term elected later", func(r *round) {
 			r.events[7].at = at(15001 * ms)
@@ -467,6 +467,159 @@ func TestCheckRoundCatches(t *testing.T) {
 		rec := &recorder{}
 		checkRound(rec, r, 10*time.Second)
 		if !slices.ContainsFunc(rec.errs, func(e string) bool { return strings.Contains(e, tc.want) }) {
+			t.Errorf("%s: errors %q, want one with %q", tc.name, rec.errs, tc.want)
+		}
+	}
+
+	// TestFailoverPausedLeader's round: p2 leads with term 1, is stopped
+	// at 2.901s, p3 is elected with term 2 at 9s, p2 is resumed at 9.5s.
+	pausedLeader := func() *pauseRound {
+		return &pauseRound{
+			ttl: 4 * time.Second, leader: "p2", term: 1, target: "p2",
+			stopAt: at(2901 * ms), stopIdx: 6, contAt: at(9500 * ms), contIdx: 9, stopped: at(10000 * ms),
+			next: line(observerName, "leader term=2 value=p3 index=12", 9001*ms),
+			events: []event{
+				line(observerName, "vacant index=5", 1000*ms),
+				line("p2", "elected term=1 peer=p2", 2000*ms),
+				line(observerName, "leader term=1 value=p2 index=7", 2001*ms),
+				line("p3", "queued peer=p3 place=1", 2200*ms),
+				line("p1", "queued peer=p1 place=2", 2300*ms),
+				line("p2", "leading term=1 peer=p2", 2900*ms),
+				// SIGSTOP to p2.
+				line("p3", "elected term=2 peer=p3", 9000*ms),
+				line(observerName, "leader term=2 value=p3 index=12", 9001*ms),
+				line("p3", "leading term=2 peer=p3", 9100*ms),
+				// SIGCONT to p2.
+				line("p2", "lost term=1 peer=p2", 9501*ms),
+				ev("p2", "session-lost peer=p2 err=lockmesh: lease expired", 9502*ms),
+				ev("p2", "candidate peer=p2 session=5", 9503*ms),
+				line("p2", "queued peer=p2 place=2", 9700*ms),
+				line("p3", "leading term=2 peer=p3", 9800*ms),
+				// The stop.
+				line("p3", "resigning term=2 peer=p3", 10001*ms),
+				line("p1", "elected term=3 peer=p1", 10002*ms),
+			},
+		}
+	}
+	// TestFailoverPausedShardLeader's round: p2 leads the shard and p3
+	// the election with term 1; p2 is stopped at 3s, p1 leads the shard
+	// from 4.5s, p2 is resumed at 6s.
+	pausedShardLeader := func() *pauseRound {
+		return &pauseRound{
+			ttl: 4 * time.Second, leader: "p3", term: 1, target: "p2",
+			stopAt: at(3000 * ms), stopIdx: 12, contAt: at(6000 * ms), contIdx: 16, stopped: at(7500 * ms),
+			events: []event{
+				line("p1", "shardleader shard=6 peer=none", 500*ms),
+				line("p2", "shardleader shard=6 peer=none", 500*ms),
+				line("p3", "shardleader shard=6 peer=none", 500*ms),
+				line(observerName, "vacant index=5", 1000*ms),
+				line("p1", "shardleader shard=6 peer=p2", 1500*ms),
+				line("p2", "shardleader shard=6 peer=p2", 1500*ms),
+				line("p3", "shardleader shard=6 peer=p2", 1500*ms),
+				line("p3", "elected term=1 peer=p3", 2000*ms),
+				line(observerName, "leader term=1 value=p3 index=7", 2001*ms),
+				line("p1", "queued peer=p1 place=1", 2200*ms),
+				line("p2", "queued peer=p2 place=2", 2300*ms),
+				line("p3", "leading term=1 peer=p3", 2900*ms),
+				// SIGSTOP to p2.
+				line("p3", "shardleader shard=6 peer=none", 4200*ms),
+				line("p1", "shardleader shard=6 peer=p1", 4500*ms),
+				line("p3", "shardleader shard=6 peer=p1", 4510*ms),
+				line("p3", "leading term=1 peer=p3", 5000*ms),
+				// SIGCONT to p2.
+				line("p2", "shardleader shard=6 peer=p1", 6100*ms),
+				line("p3", "leading term=1 peer=p3", 7100*ms),
+				// The stop.
+				line("p3", "resigning term=1 peer=p3", 7501*ms),
+				line("p1", "elected term=2 peer=p1", 7502*ms),
+			},
+		}
+	}
+	insert := func(r *pauseRound, i int, e event) {
+		r.events = slices.Insert(r.events, i, e)
+		if i <= r.stopIdx {
+			r.stopIdx++
+		}
+		if i <= r.contIdx {
+			r.contIdx++
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		check func(reporter, *pauseRound)
+		round func() *pauseRound
+		spoil func(*pauseRound)
+		want  string // in an error; "" for none at all
+	}{
+		{"paused leader: the good round", checkPausedLeader, pausedLeader, func(*pauseRound) {}, ""},
+		{"paused leader: a leading line in flight at the SIGSTOP", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			insert(r, 8, line("p2", "leading term=1 peer=p2", 2900*ms+500*time.Microsecond))
+		}, ""},
+		{"paused leader: an observer that resynced", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			replace(r.events, 7, observerName, "resync leader term=2 value=p3 index=12")
+		}, ""},
+		{"paused leader: it leads on waking", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			insert(r, 10, line("p2", "leading term=1 peer=p2", 9501*ms))
+		}, "p2 relied on term 1 until"},
+		{"paused leader: a leading line after its lost line", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			insert(r, 10, line("p2", "leading term=1 peer=p2", 2800*ms))
+		}, "after its lost line of term 1"},
+		{"paused leader: a leading line after its successor's, stamped while stopped", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			insert(r, 8, line("p2", "leading term=1 peer=p2", 5000*ms))
+		}, "stamped after it was stopped"},
+		{"paused leader: no lost line", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			r.events = slices.Delete(r.events, 9, 10)
+		}, "printed no lost line for term 1"},
+		{"paused leader: the next term is not higher", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			r.next.term = 1
+		}, "not above p2's 1"},
+		{"paused leader: resumed within the TTL", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			r.contAt = at(5000 * ms)
+		}, "not past the TTL"},
+		{"paused leader: its session dropped at once", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			r.events[6].at = at(3500 * ms)
+		}, "not held for its TTL"},
+		{"paused leader: the observer shows another leader at the end", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			replace(r.events, 7, observerName, "leader term=2 value=p1 index=12")
+		}, "the observer's last line before the stop"},
+		{"paused leader: the observer's indexes fall", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			replace(r.events, 7, observerName, "leader term=2 value=p3 index=6")
+		}, "printed index 6 after 7"},
+		{"paused leader: no leader at the end", checkPausedLeader, pausedLeader, func(r *pauseRound) {
+			replace(r.events, 13, "p3", "lost term=2 peer=p3 err=lockmesh: lease expired")
+		}, "the election ended without a leader"},
+
+		{"paused shard leader: the good round", checkPausedShardLeader, pausedShardLeader, func(*pauseRound) {}, ""},
+		{"paused shard leader: two leaders at once", checkPausedShardLeader, pausedShardLeader, func(r *pauseRound) {
+			insert(r, 15, line("p1", "elected term=2 peer=p1", 4600*ms))
+		}, "p3 relied on term 1 until"},
+		{"paused shard leader: terms fall", checkPausedShardLeader, pausedShardLeader, func(r *pauseRound) {
+			replace(r.events, 7, "p3", "elected term=3 peer=p3")
+			replace(r.events, 8, observerName, "leader term=3 value=p3 index=7")
+		}, "elected with term 2 at"},
+		{"paused shard leader: no new shard leader during the pause", checkPausedShardLeader, pausedShardLeader, func(r *pauseRound) {
+			for _, i := range []int{12, 13, 14} {
+				replace(r.events, i, r.events[i].from, "shardleader shard=6 peer=p2")
+			}
+		}, "no peer saw a new leader"},
+		{"paused shard leader: it did not lead the shard", checkPausedShardLeader, pausedShardLeader, func(r *pauseRound) {
+			replace(r.events, 6, "p3", "shardleader shard=6 peer=p3")
+		}, `p3 saw "p3" lead the election's shard`},
+		{"paused shard leader: it led the election too", checkPausedShardLeader, pausedShardLeader, func(r *pauseRound) {
+			r.leader = "p2"
+		}, "led the election too"},
+		{"paused shard leader: the observer saw nobody at the end", checkPausedShardLeader, pausedShardLeader, func(r *pauseRound) {
+			insert(r, 17, line(observerName, "vacant index=20", 6500*ms))
+		}, "the observer's last line before the stop"},
+	} {
+		r := tc.round()
+		tc.spoil(r)
+		rec := &recorder{}
+		tc.check(rec, r)
+		switch {
+		case tc.want == "" && len(rec.errs) > 0:
+			t.Errorf("%s: errors %q, want none", tc.name, rec.errs)
+		case tc.want != "" && !slices.ContainsFunc(rec.errs, func(e string) bool { return strings.Contains(e, tc.want) }):
 			t.Errorf("%s: errors %q, want one with %q", tc.name, rec.errs, tc.want)
 		}
 	}
