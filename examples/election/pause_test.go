@@ -23,10 +23,17 @@ import (
 const pauseTTL = 40 * node.DefaultRTT
 
 // shardPause is how long TestFailoverPausedShardLeader stops the shard's
-// Raft leader: past the Raft election timeout (10-20 RTT), so that the
-// others elect a new one, and within the TTL less its lease margin
-// (LeaseMargin: TTL/10), so that the stopped peer's Session lives on.
+// Raft leader at least: past the Raft election timeout (10-20 RTT), so
+// that the others elect a new one, and within the TTL. The stopped peer's
+// Session may lapse all the same, on its own clock: its lease runs for
+// the TTL less the margin (TTL/10) from its last acknowledged keepalive,
+// which may have been sent a keepalive round (TTL/4) before the stop. It
+// then campaigns again with a new Session.
 const shardPause = 3 * time.Second
+
+// shardSettled is how long the peers must agree on who leads the
+// election's shard before TestFailoverPausedShardLeader stops it.
+const shardSettled = 2 * time.Second
 
 // pauseRound is what a pause test's round saw.
 type pauseRound struct {
@@ -180,14 +187,15 @@ func runPausedLeader(ctx context.Context, o roundOptions) (r *pauseRound, err er
 
 // runPausedShardLeader starts three peers (each printing who leads the
 // election's shard) and an observer, and waits for a leader with the two
-// others queued, and until the peers agree on the shard's Raft leader.
-// If the election's leader leads the shard too, it resigns, until they
-// differ. It stops the shard leader's process until the other two agree
-// on a new shard leader and shardPause has passed, resumes it, and waits
-// until the peers agree on the shard's leader again, the resumed peer
-// queued again if its Session lapsed, and the election's leader has led
-// for a second since. It returns what it saw, also when
-// it fails (with the error).
+// others queued, and until the cluster settled: the election has had a
+// leader for a TTL, and the peers have agreed on the shard's Raft leader
+// for shardSettled. If the election's leader leads the shard too, it
+// resigns, until they differ. It stops the shard leader's process until
+// the other two agree on a new shard leader and shardPause has passed,
+// resumes it, and waits until the peers agree on the shard's leader
+// again, the resumed peer queued again if its Session lapsed, and the
+// election's leader has led for a second since. It returns what it saw,
+// also when it fails (with the error).
 func runPausedShardLeader(ctx context.Context, o roundOptions) (r *pauseRound, err error) {
 	f := newFleet(o)
 	r = &pauseRound{ttl: o.ttl}
@@ -211,9 +219,19 @@ func runPausedShardLeader(ctx context.Context, o roundOptions) (r *pauseRound, e
 	}
 	var target string
 	for resigned := 0; ; resigned++ {
-		if err := f.untilWithin(ctx, 20*time.Second, "the peers to agree on the leader of the election's shard", func() bool {
-			target = f.agreedShardLeader()
-			return target != ""
+		// A cluster just formed is still settling: the leadership
+		// balancer moves shard leaders, and the leases of sessions
+		// opened while the shards elected their first leaders count
+		// from the first try, so they may lapse at the first keepalive
+		// that fails. Wait until the election has had a leader for a
+		// TTL and the shard's leader has stayed the same for a while.
+		var since time.Time
+		if err := f.untilWithin(ctx, 30*time.Second, "the peers to agree on the leader of the election's shard for "+shardSettled.String(), func() bool {
+			if l := f.agreedShardLeader(); l != target {
+				target, since = l, time.Now()
+			}
+			settled := time.Now().After(firstElected(f.events).Add(o.ttl))
+			return target != "" && time.Since(since) >= shardSettled && settled
 		}); err != nil {
 			return r, err
 		}
@@ -426,6 +444,17 @@ func checkEnd(t reporter, events []event, stopped time.Time, elected map[uint64]
 	if obs := lastObserved(events, stopped); obs.kind != "leader" || obs.term != last.term || obs.value != last.from {
 		t.Errorf("the observer's last line before the stop is %q; the last peer elected was %s with term %d", obs.text, last.from, last.term)
 	}
+}
+
+// firstElected returns the time of the first elected line among events,
+// the zero time if there is none.
+func firstElected(events []event) time.Time {
+	for _, e := range events {
+		if e.kind == "elected" {
+			return e.at
+		}
+	}
+	return time.Time{}
 }
 
 // lastObserved returns the observer's last leader or vacant line stamped
