@@ -42,6 +42,9 @@ func runChild(cfg config, stdout, stderr io.Writer) int {
 	}
 	if ctx.Err() == nil {
 		if cfg.role == rolePeer {
+			if cfg.reportShardLeader > 0 {
+				go reportShardLeader(ctx, n, cfg.election, cfg.reportShardLeader, stdout)
+			}
 			campaign(ctx, n, cfg, resign, stdout, stderr)
 		} else {
 			observe(ctx, n, cfg.election, stdout, stderr)
@@ -175,6 +178,39 @@ func reportQueued(ctx context.Context, n *node.Node, election string, session ui
 			}
 		}
 		sleep(ctx, 20*time.Millisecond)
+	}
+}
+
+// reportShardLeader prints a shardleader line when the peer that leads
+// the Raft shard holding the election changed, as this peer sees it
+// (Placement: for a shard it hosts, its own replica's view), looking
+// every interval until ctx ends; the first line says who leads at the
+// start. A deposed shard leader that was paused (SIGSTOP) names itself
+// until its replica hears of the new leader.
+func reportShardLeader(ctx context.Context, n *node.Node, election string, every time.Duration, stdout io.Writer) {
+	shard, err := n.ShardOf(ctx, election)
+	if err != nil {
+		return // ctx ended or the node closed; an invalid name was refused by the flags
+	}
+	last := ""
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, max(every, time.Second))
+		placement, _ := n.Placement(pctx) // nil on an error: looked up again next time
+		cancel()
+		for _, si := range placement {
+			if si.Shard != shard {
+				continue
+			}
+			leader := si.Leader
+			if leader == "" {
+				leader = "none"
+			}
+			if leader != last {
+				fmt.Fprintf(stdout, "shardleader shard=%d peer=%s at=%d\n", shard, leader, time.Now().UnixNano())
+				last = leader
+			}
+		}
+		sleep(ctx, every)
 	}
 }
 

@@ -137,69 +137,15 @@ type round struct {
 // resign and the second crash, and stops every child. It returns what it
 // saw, also when it fails (with the error).
 func runRound(ctx context.Context, o roundOptions) (r *round, err error) {
-	f := &fleet{bin: o.bin, dir: o.dir, echo: o.echo, start: time.Now(), lines: make(chan line, 4096),
-		reserved: map[string][]func() error{}, elected: map[uint64]event{}}
-	r = &round{pids: map[string]int{}}
+	f := newFleet(o)
+	r = &round{}
 	defer func() {
 		if r.stopped.IsZero() {
 			r.stopped = time.Now()
 		}
-		if serr := f.stopAll(); err == nil {
-			err = serr
-		}
-		r.events = f.events
-		for _, k := range f.kids {
-			r.pids[k.name] = k.cmd.Process.Pid
-		}
-		if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
-			// Failed, or out of time, rather than interrupted: the
-			// children's last words say why.
-			err = fmt.Errorf("%w%s", err, f.tails(20))
-		}
+		r.events, r.pids, err = f.finish(ctx, err)
 	}()
-
-	f.say("starting 3 peers and an observer on 127.0.0.1: session TTL %v, RTT %v, election %q, data in %s", o.ttl, o.rtt, o.election, o.dir)
-	names := append(slices.Clone(peerNames), observerName)
-	addrs, err := f.reserve(3 * len(names))
-	if err != nil {
-		return r, err
-	}
-	args := map[string][]string{}
-	gossip := map[string]string{}
-	for i, name := range names {
-		gossip[name] = addrs[3*i]
-		args[name] = []string{"-name", name, "-data", filepath.Join(o.dir, name),
-			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
-			"-ttl", o.ttl.String(), "-rtt", o.rtt.String(), "-election", o.election, "-log-level", "info"}
-	}
-	joinAllBut := func(self string) string {
-		var j []string
-		for _, p := range peerNames {
-			if p != self {
-				j = append(j, gossip[p])
-			}
-		}
-		return strings.Join(j, ",")
-	}
-	// Every peer's ports are free before the first starts and joins the
-	// others.
-	f.release(addrs...)
-	for _, p := range peerNames {
-		if err := f.startKid(p, append(args[p], "-role", "peer", "-expect", strconv.Itoa(len(peerNames)),
-			"-join", joinAllBut(p), "-report-leading", "100ms")...); err != nil {
-			return r, err
-		}
-	}
-	if err := f.startKid(observerName, append(args[observerName], "-role", "observer", "-join", joinAllBut(""))...); err != nil {
-		return r, err
-	}
-	ready := map[string]bool{}
-	if _, err := f.await(ctx, "every child ready", func(e event) bool {
-		if e.kind == "ready" {
-			ready[e.from] = true
-		}
-		return len(ready) == len(names)
-	}); err != nil {
+	if err := f.launch(ctx, o, "-report-leading", "100ms"); err != nil {
 		return r, err
 	}
 
@@ -263,6 +209,79 @@ func runRound(ctx context.Context, o roundOptions) (r *round, err error) {
 	return r, nil
 }
 
+// newFleet returns a fleet that runs o's program, with nothing started.
+func newFleet(o roundOptions) *fleet {
+	return &fleet{bin: o.bin, dir: o.dir, echo: o.echo, start: time.Now(), lines: make(chan line, 4096),
+		reserved: map[string][]func() error{}, elected: map[uint64]event{}}
+}
+
+// launch starts three peers, with peerArgs added to their flags, and an
+// observer, on free loopback ports, and waits until every one is ready.
+func (f *fleet) launch(ctx context.Context, o roundOptions, peerArgs ...string) error {
+	f.say("starting 3 peers and an observer on 127.0.0.1: session TTL %v, RTT %v, election %q, data in %s", o.ttl, o.rtt, o.election, o.dir)
+	names := append(slices.Clone(peerNames), observerName)
+	addrs, err := f.reserve(3 * len(names))
+	if err != nil {
+		return err
+	}
+	args := map[string][]string{}
+	gossip := map[string]string{}
+	for i, name := range names {
+		gossip[name] = addrs[3*i]
+		args[name] = []string{"-name", name, "-data", filepath.Join(o.dir, name),
+			"-gossip", addrs[3*i], "-raft", addrs[3*i+1], "-rpc", addrs[3*i+2],
+			"-ttl", o.ttl.String(), "-rtt", o.rtt.String(), "-election", o.election, "-log-level", "info"}
+	}
+	joinAllBut := func(self string) string {
+		var j []string
+		for _, p := range peerNames {
+			if p != self {
+				j = append(j, gossip[p])
+			}
+		}
+		return strings.Join(j, ",")
+	}
+	// Every peer's ports are free before the first starts and joins the
+	// others.
+	f.release(addrs...)
+	for _, p := range peerNames {
+		a := append(args[p], "-role", "peer", "-expect", strconv.Itoa(len(peerNames)), "-join", joinAllBut(p))
+		if err := f.startKid(p, append(a, peerArgs...)...); err != nil {
+			return err
+		}
+	}
+	if err := f.startKid(observerName, append(args[observerName], "-role", "observer", "-join", joinAllBut(""))...); err != nil {
+		return err
+	}
+	ready := map[string]bool{}
+	_, err = f.await(ctx, "every child ready", func(e event) bool {
+		if e.kind == "ready" {
+			ready[e.from] = true
+		}
+		return len(ready) == len(names)
+	})
+	return err
+}
+
+// finish stops every child (stopAll) and returns every line read and the
+// children's pids, with err, or stopAll's error if err is nil; a failure
+// other than an interruption gets the children's last stderr lines.
+func (f *fleet) finish(ctx context.Context, err error) ([]event, map[string]int, error) {
+	if serr := f.stopAll(); err == nil {
+		err = serr
+	}
+	pids := map[string]int{}
+	for _, k := range f.kids {
+		pids[k.name] = k.cmd.Process.Pid
+	}
+	if err != nil && !errors.Is(ctx.Err(), context.Canceled) {
+		// Failed, or out of time, rather than interrupted: the
+		// children's last words say why.
+		err = fmt.Errorf("%w%s", err, f.tails(20))
+	}
+	return f.events, pids, err
+}
+
 // fleet runs children of the program and reads their stdout lines.
 type fleet struct {
 	bin   string
@@ -312,6 +331,7 @@ type event struct {
 	peer   string
 	value  string
 	place  int
+	shard  uint64
 	// at is the child's at= time, or when the demo read the line.
 	at time.Time
 }
@@ -344,6 +364,8 @@ func parse(from, text string, read time.Time) event {
 			e.value = v
 		case "place":
 			e.place, _ = strconv.Atoi(v)
+		case "shard":
+			e.shard, _ = strconv.ParseUint(v, 10, 64)
 		case "at":
 			if ns, err := strconv.ParseInt(v, 10, 64); err == nil {
 				e.at = time.Unix(0, ns)
@@ -535,6 +557,9 @@ func (f *fleet) stopAll() error {
 	for _, k := range kids {
 		k.stopping = true
 		_ = k.cmd.Process.Signal(syscall.SIGTERM)
+		// A child left stopped (SIGSTOP, by a test that failed before it
+		// resumed the child) would not see SIGTERM before SIGKILL.
+		_ = k.cmd.Process.Signal(syscall.SIGCONT)
 	}
 	f.mu.Unlock()
 	grace := time.After(stopGrace)

@@ -49,6 +49,9 @@
 //	resign-failed term=T peer=NAME err=ERR   (after SIGUSR1: not known to have committed)
 //	session-lost peer=NAME err=ERR           (it campaigns again with a new Session)
 //	campaign-failed peer=NAME err=ERR        (refused; it tries again a second later)
+//	shardleader shard=S peer=P at=NS         (every -report-shard-leader, when it changed: P
+//	                                          leads Raft shard S, which holds the election, as
+//	                                          this peer's replica sees it; none when unknown)
 //
 // A leading line's time is read before Done was found open, so the peer
 // relied on its leadership no earlier than that time; an elected line's is
@@ -104,6 +107,10 @@ type config struct {
 	// reportLeading is the interval of a leader's leading lines; 0 prints
 	// none.
 	reportLeading time.Duration
+	// reportShardLeader is the interval at which a peer looks up who
+	// leads the election's Raft shard, printing a shardleader line when
+	// it changed; 0 prints none.
+	reportShardLeader time.Duration
 
 	// The demo's: rounds of the scenario (-measure; 0 runs it once, with
 	// every child's lines shown) and the bound on each.
@@ -199,6 +206,7 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func(*flag.FlagSet) error
 	fs.DurationVar(&nc.RTT, "rtt", node.DefaultRTT, "expected round trip (`duration`) between peers")
 	level := fs.String("log-level", "warn", "stderr log `level`: debug, info, warn or error")
 	fs.DurationVar(&cfg.reportLeading, "report-leading", 0, "while leading, print a leading line every `interval`; 0 prints none")
+	fs.DurationVar(&cfg.reportShardLeader, "report-shard-leader", 0, "look up who leads the election's Raft shard every `interval`, and print a shardleader line when it changed; 0 prints none")
 	fs.IntVar(&cfg.measure, "measure", 0, "demo: run the crash scenario `n` times, each on a fresh cluster, and print the median and worst failover")
 	fs.DurationVar(&cfg.timeout, "timeout", 60*time.Second, "demo: bound on the demo, or on each round of -measure")
 	fs.BoolVar(&cfg.keep, "keep", false, "demo: keep the temporary dir with the children's data dirs and logs (NAME.log, at -log-level info)")
@@ -259,6 +267,10 @@ func newFlagSet(cfg *config) (fs *flag.FlagSet, finish func(*flag.FlagSet) error
 			return fmt.Errorf("-report-leading %v is negative", cfg.reportLeading)
 		case cfg.role == roleObserver && cfg.reportLeading != 0:
 			return errors.New("-report-leading is for -role peer: an observer never leads")
+		case cfg.reportShardLeader < 0:
+			return fmt.Errorf("-report-shard-leader %v is negative", cfg.reportShardLeader)
+		case cfg.role == roleObserver && cfg.reportShardLeader != 0:
+			return errors.New("-report-shard-leader is for -role peer: an observer hosts no replica to ask")
 		}
 		nc.NoReplicas = cfg.role == roleObserver
 		return nc.Validate()
