@@ -514,12 +514,22 @@ func (pr *raftFuzzProbe) check(t *testing.T, batches int, recent []string) {
 		if p.node.peer.IsClosed() {
 			fail("%s has closed", p.cfg.Name)
 		}
-		st, err := p.node.Status(ctx())
-		if err != nil {
-			fail("%s: Status: %v", p.cfg.Name, err)
-		}
-		if !st.Ready {
-			fail("%s: Status says it is not ready", p.cfg.Name)
+		// Ready needs a known leader of every lock shard: a batch may have
+		// caused an election (a TimeoutNow from a real replica is one),
+		// so it must come back within the bound, as the reads below must.
+		stCtx := ctx()
+		for {
+			st, err := p.node.Status(stCtx)
+			if err == nil && st.Ready {
+				break
+			}
+			if stCtx.Err() != nil {
+				fail("%s: Status says it is not ready within %v (%v)", p.cfg.Name, raftFuzzServeBound, err)
+			}
+			select {
+			case <-stCtx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 		for _, shard := range p.node.peer.Placement().ShardIDs() {
 			if he := p.node.peer.HaltedShard(shard); he != nil {

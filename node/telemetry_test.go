@@ -164,11 +164,15 @@ func TestObservability(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	st, err := n2.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.Ready || st.Level != uint8(level.Max) || len(st.Members) != 3 || len(st.Shards) != 4 {
+	// Ready needs a known leader of every lock shard, which an election
+	// may hold up for a moment.
+	var st Status
+	pollUntil(t, 20*time.Second, "Status to say ready", func() bool {
+		var err error
+		st, err = n2.Status(ctx)
+		return err == nil && st.Ready
+	})
+	if st.Level != uint8(level.Max) || len(st.Members) != 3 || len(st.Shards) != 4 {
 		t.Fatalf("Status: %+v", st)
 	}
 	for _, sh := range st.Shards {
