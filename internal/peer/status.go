@@ -29,12 +29,7 @@ func (n *Peer) AskApplied(ctx context.Context, p *layout.Placement) Reports {
 	out := Reports{Applied: map[string]map[uint64]uint64{n.cfg.Name: n.appliedIndexes()}, Leaders: map[string]map[uint64]string{}}
 	own := map[uint64]string{}
 	for _, ls := range n.LocalShards() {
-		own[ls.Shard] = ""
-		if id, ok := n.replicas.Leader(ls.Shard); ok && ls.LeaderKnown {
-			if name, ok := p.ReplicaPeer(ls.Shard, id); ok {
-				own[ls.Shard] = name
-			}
-		}
+		own[ls.Shard] = leaderName(p, ls.Shard, ls.Leader)
 	}
 	out.Leaders[n.cfg.Name] = own
 	var mu sync.Mutex
@@ -57,10 +52,7 @@ func (n *Peer) AskApplied(ctx context.Context, p *layout.Placement) Reports {
 			}
 			leaders := map[uint64]string{}
 			for shard := range ps.Replicas {
-				leaders[shard] = ""
-				if peer, ok := p.PeerByReplica(ps.Leaders[shard]); ok && ps.Leaders[shard] != 0 && p.Hosts(shard, peer.Name) {
-					leaders[shard] = peer.Name
-				}
+				leaders[shard] = leaderName(p, shard, ps.Leaders[shard])
 			}
 			mu.Lock()
 			if ps.Applied != nil {
@@ -74,10 +66,22 @@ func (n *Peer) AskApplied(ctx context.Context, p *layout.Placement) Reports {
 	return out
 }
 
+// leaderName names the peer of p that runs replica id of shard, the
+// shard's leader as a replica reported it; "" for none (id 0) or a
+// replica p does not list there.
+func leaderName(p *layout.Placement, shard, id uint64) string {
+	if id == 0 {
+		return ""
+	}
+	name, _ := p.ReplicaPeer(shard, id)
+	return name
+}
+
 // LocalShard is a lock shard this peer runs a replica of.
 type LocalShard struct {
 	Shard                uint64
 	LeaderKnown, Leading bool
+	Leader               uint64 // the leader's replica id; 0 when not known
 }
 
 // LocalShards lists the lock shards this peer runs replicas of.
@@ -91,7 +95,10 @@ func (n *Peer) LocalShards() []LocalShard {
 			continue
 		}
 		lid, ok := n.replicas.Leader(shard)
-		out = append(out, LocalShard{Shard: shard, LeaderKnown: ok, Leading: ok && lid == id})
+		if !ok {
+			lid = 0
+		}
+		out = append(out, LocalShard{Shard: shard, LeaderKnown: ok, Leading: ok && lid == id, Leader: lid})
 	}
 	slices.SortFunc(out, func(a, b LocalShard) int { return cmp.Compare(a.Shard, b.Shard) })
 	return out
